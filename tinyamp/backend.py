@@ -1,0 +1,100 @@
+"""The array backends: NumPy on the CPU, CuPy on an NVIDIA GPU.
+
+This is the one module that imports CuPy, and it does so lazily: ``import tinyamp``
+never touches CuPy, so the package works (and every CPU test runs) on machines where
+CuPy is absent or where no GPU exists.  A tensor's device is decided by the type of
+its array: a ``numpy.ndarray`` lives on ``"cpu"``, a ``cupy.ndarray`` on ``"cuda"``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+DEVICES = ("cpu", "cuda")
+
+_cupy: ModuleType | None = None  # set by _import_cupy() once CuPy has been asked for
+
+
+class DeviceError(RuntimeError):
+    """A device that does not exist here, or tensors on two devices in one op."""
+
+
+def _import_cupy() -> ModuleType:
+    """Import CuPy and check that a GPU is visible, or explain why not."""
+    global _cupy
+    if _cupy is not None:
+        return _cupy
+    try:
+        import cupy
+    except ImportError as exc:
+        raise DeviceError(
+            "device='cuda' needs CuPy, which is not installed here. Install it with "
+            "pip install 'tinyamp[cuda12]' (or [cuda13]), or use device='cpu'."
+        ) from exc
+    # `import cupy` succeeds without a GPU; the first allocation would then raise
+    # a CUDARuntimeError deep inside CuPy.  Ask up front instead.
+    if not cupy.is_available():
+        raise DeviceError(
+            "device='cuda' was requested but CuPy sees no CUDA GPU on this machine "
+            "(cupy.is_available() is False). Use device='cpu'."
+        )
+    _cupy = cupy
+    return cupy
+
+
+def cuda_is_available() -> bool:
+    """True when CuPy is installed and a CUDA GPU can be used."""
+    try:
+        _import_cupy()
+    except DeviceError:
+        return False
+    return True
+
+
+def check_device(device: str) -> str:
+    """Return `device` normalized ("cpu" or "cuda"), or raise a clear error."""
+    if not isinstance(device, str):
+        raise DeviceError(f"device must be a string, one of {DEVICES}; got {device!r}")
+    name = device.lower()
+    if name == "gpu" or name.startswith("cuda"):
+        name = "cuda"
+    if name not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}: tinyamp knows {', '.join(DEVICES)}")
+    return name
+
+
+def array_module(device: str) -> ModuleType:
+    """The array library (numpy or cupy) that holds arrays for `device`."""
+    if check_device(device) == "cpu":
+        return np
+    return _import_cupy()
+
+
+def get_array_module(array: Any) -> ModuleType:
+    """numpy or cupy, whichever owns `array` (the DeZero idiom: one code path, two libraries)."""
+    if isinstance(array, np.ndarray) or _cupy is None:
+        return np
+    return _cupy if isinstance(array, _cupy.ndarray) else np
+
+
+def device_of(array: Any) -> str:
+    """The device ("cpu" or "cuda") where `array` lives."""
+    return "cpu" if get_array_module(array) is np else "cuda"
+
+
+def is_array(obj: Any) -> bool:
+    """True for a NumPy or CuPy ndarray."""
+    return isinstance(obj, np.ndarray) or (_cupy is not None and isinstance(obj, _cupy.ndarray))
+
+
+def to_device(array: Any, device: str) -> Any:
+    """Copy `array` to `device` (a no-op when it is already there)."""
+    device = check_device(device)
+    if device_of(array) == device:
+        return array
+    if device == "cpu":
+        return array.get()
+    return _import_cupy().asarray(array)

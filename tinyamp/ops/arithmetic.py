@@ -1,0 +1,155 @@
+"""Binary arithmetic: + - * / ** and comparisons, with broadcasting.
+
+Each backward returns ``unbroadcast(...)`` so that the gradient of an input has that
+input's shape (broadcast axes summed) and dtype (float16 + float32 -> float32 in the
+forward, so the float16 input's gradient is rounded back to float16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tinyamp import dtypes
+from tinyamp.autograd import Function
+from tinyamp.backend import get_array_module
+from tinyamp.ops.broadcasting import unbroadcast
+from tinyamp.tensor import Scalar, Tensor, as_tensor
+
+
+def operands(a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[Tensor, Tensor]:
+    """Make both operands Tensors on one device; an integer operand takes the float's dtype."""
+    if isinstance(a, Tensor):
+        b = as_tensor(b, a)
+    else:
+        a = as_tensor(a, b)  # type: ignore[arg-type]
+    da, db = a.data.dtype, b.data.dtype
+    if da != db and not (dtypes.is_floating(da) and dtypes.is_floating(db)):
+        target = dtypes.promote(da, db)
+        if da != target:
+            a = Tensor._make(a.data.astype(target), False, None)
+        if db != target:
+            b = Tensor._make(b.data.astype(target), False, None)
+    return a, b
+
+
+class Add(Function):
+    """$c = a + b$; $\\partial c/\\partial a = \\partial c/\\partial b = 1$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.a_meta = (a.shape, a.dtype)
+        self.b_meta = (b.shape, b.dtype)
+        return a + b
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        ga, gb = self.needs_input_grad
+        return (
+            unbroadcast(g, *self.a_meta) if ga else None,
+            unbroadcast(g, *self.b_meta) if gb else None,
+        )
+
+
+class Sub(Function):
+    """$c = a - b$; the gradient of b is $-g$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.a_meta = (a.shape, a.dtype)
+        self.b_meta = (b.shape, b.dtype)
+        return a - b
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        ga, gb = self.needs_input_grad
+        return (
+            unbroadcast(g, *self.a_meta) if ga else None,
+            unbroadcast(-g, *self.b_meta) if gb else None,
+        )
+
+
+class Mul(Function):
+    """$c = a b$; $\\partial c/\\partial a = b$, $\\partial c/\\partial b = a$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.save_for_backward(a, b)
+        return a * b
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        a, b = self.saved
+        ga, gb = self.needs_input_grad
+        return (
+            unbroadcast(g * b, a.shape, a.dtype) if ga else None,
+            unbroadcast(g * a, b.shape, b.dtype) if gb else None,
+        )
+
+
+class Div(Function):
+    """$c = a / b$; $\\partial c/\\partial a = 1/b$, $\\partial c/\\partial b = -a/b^2 = -c/b$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        out = a / b
+        self.save_for_backward(a, b, out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        a, b, out = self.saved
+        ga, gb = self.needs_input_grad
+        return (
+            unbroadcast(g / b, a.shape, a.dtype) if ga else None,
+            unbroadcast(-g * out / b, b.shape, b.dtype) if gb else None,
+        )
+
+
+class Pow(Function):
+    """$c = a^b$; $\\partial c/\\partial a = b a^{b-1}$, $\\partial c/\\partial b = c \\ln a$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        out = a**b
+        self.save_for_backward(a, b, out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        a, b, out = self.saved
+        ga, gb = self.needs_input_grad
+        xp = get_array_module(g)
+        return (
+            unbroadcast(g * b * a ** (b - 1), a.shape, a.dtype) if ga else None,
+            unbroadcast(g * out * xp.log(a), b.shape, b.dtype) if gb else None,
+        )
+
+
+def add(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise $a + b$ with broadcasting."""
+    return Add.apply(*operands(a, b))
+
+
+def sub(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise $a - b$ with broadcasting."""
+    return Sub.apply(*operands(a, b))
+
+
+def mul(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise $a b$ with broadcasting."""
+    return Mul.apply(*operands(a, b))
+
+
+def div(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise $a / b$ with broadcasting."""
+    return Div.apply(*operands(a, b))
+
+
+def pow(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:  # noqa: A001 (the operator's name)
+    """Elementwise $a^b$ with broadcasting (the gradient in b needs $a > 0$)."""
+    return Pow.apply(*operands(a, b))
+
+
+_COMPARISONS = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal"}
+
+
+def compare(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise comparison ("lt", "le", "gt", "ge", "eq"): a bool tensor, no gradient."""
+    a, b = operands(a, b)
+    xp = get_array_module(a.data)
+    return Tensor._make(getattr(xp, _COMPARISONS[op])(a.data, b.data), False, None)
+
+
+def equal(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise a == b as a bool tensor."""
+    return compare("eq", a, b)

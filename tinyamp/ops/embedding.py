@@ -1,0 +1,55 @@
+"""Embedding lookup: rows of a table picked by integer indices.
+
+The gradient of the table is a scatter-add: a row used k times in a batch (a common
+character, say) receives the sum of its k gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tinyamp.autograd import Function
+from tinyamp.backend import get_array_module
+from tinyamp.tensor import Tensor
+
+
+class Embedding(Function):
+    """$y_{\\ldots} = W[i_{\\ldots}]$ for a table W (num, dim) and indices i."""
+
+    def forward(self, weight: Any, indices: Any) -> Any:
+        self.save_for_backward(indices)
+        self.meta = (weight.shape, weight.dtype)
+        return weight[indices]
+
+    def backward(self, g: Any) -> tuple[Any, None]:
+        (indices,) = self.saved
+        shape, dtype = self.meta
+        xp = get_array_module(g)
+        grad = xp.zeros(shape, dtype=dtype)
+        rows = g.reshape(-1, shape[1])
+        if xp is np:
+            np.add.at(grad, indices.reshape(-1), rows)
+        else:
+            import cupyx
+
+            cupyx.scatter_add(grad, indices.reshape(-1), rows)
+        return grad, None
+
+
+def embedding(weight: Tensor, indices: Tensor | Any) -> Tensor:
+    """Rows of `weight` (num_embeddings, dim) at integer `indices` (any shape)."""
+    if not isinstance(indices, Tensor):
+        indices = Tensor(indices, device=weight.device)
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"embedding indices must be integers; got dtype {indices.dtype}")
+    if weight.ndim != 2:
+        raise ValueError(f"embedding needs a 2-D table (num_embeddings, dim); got shape {weight.shape}")
+    n = weight.shape[0]
+    if indices.size:
+        low, high = int(indices.data.min()), int(indices.data.max())
+        if low < 0 or high >= n:
+            # NumPy would wrap negative indices silently; an embedding index is a token id
+            raise IndexError(f"embedding indices must lie in [0, {n}); got values from {low} to {high}")
+    return Embedding.apply(weight, indices)

@@ -1,0 +1,73 @@
+"""Loss functions: cross-entropy on integer class labels.
+
+$L = -\\frac{1}{N} \\sum_n \\log \\mathrm{softmax}(z_n)_{y_n}$.  Its gradient is the
+classic $(\\mathrm{softmax}(z) - \\mathrm{onehot}(y)) / N$: computed directly, it needs
+no division by a probability that may have underflowed to zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tinyamp.autograd import Function
+from tinyamp.backend import get_array_module
+from tinyamp.ops.broadcasting import accumulation_dtype
+from tinyamp.ops.softmax import stable_log_softmax
+from tinyamp.tensor import Tensor
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class CrossEntropy(Function):
+    """Softmax cross-entropy of logits (..., C) against integer labels (...)."""
+
+    def forward(self, logits: Any, labels: Any, reduction: str) -> Any:
+        xp = get_array_module(logits)
+        rows = logits.reshape(-1, logits.shape[-1])
+        flat_labels = labels.reshape(-1)
+        log_probs = stable_log_softmax(rows, axis=1)
+        picked = log_probs[xp.arange(rows.shape[0]), flat_labels]
+        self.save_for_backward(log_probs, flat_labels)
+        self.meta = (logits.shape, reduction)
+        if reduction == "none":
+            return (-picked).reshape(labels.shape)
+        total = -picked.sum(dtype=accumulation_dtype(picked.dtype))
+        if reduction == "mean":
+            total = total / max(rows.shape[0], 1)
+        return xp.asarray(total, dtype=logits.dtype)
+
+    def backward(self, g: Any) -> tuple[Any, None]:
+        log_probs, labels = self.saved
+        shape, reduction = self.meta
+        xp = get_array_module(g)
+        grad = xp.exp(log_probs)  # softmax
+        grad[xp.arange(grad.shape[0]), labels] -= 1
+        if reduction == "none":
+            grad *= g.reshape(-1, 1)
+        else:
+            grad *= g / grad.shape[0] if reduction == "mean" else g
+        return grad.reshape(shape).astype(log_probs.dtype, copy=False), None
+
+
+def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean") -> Tensor:
+    """Cross-entropy between `logits` (..., C) and integer class `labels` (...) in [0, C).
+
+    ``reduction`` is "mean" (default), "sum" or "none" (one loss per label).
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+    if not isinstance(labels, Tensor):
+        labels = Tensor(labels, device=logits.device)
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy labels must be integers (class indices); got dtype {labels.dtype}")
+    if logits.ndim == 0 or labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"cross_entropy: logits of shape {logits.shape} need labels of shape {logits.shape[:-1]}; "
+            f"got labels of shape {labels.shape}"
+        )
+    classes = logits.shape[-1]
+    if labels.size:
+        low, high = int(labels.data.min()), int(labels.data.max())
+        if low < 0 or high >= classes:
+            raise ValueError(f"cross_entropy labels must lie in [0, {classes}); got values from {low} to {high}")
+    return CrossEntropy.apply(logits, labels, reduction=reduction)

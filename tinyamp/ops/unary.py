@@ -1,0 +1,171 @@
+"""Elementwise functions of one tensor: neg, exp, log, sqrt, tanh, sigmoid, relu, gelu.
+
+Where the derivative can be written with the output, the output is saved instead of
+the input (exp, sqrt, tanh, sigmoid, relu): the next op holds that array anyway, so the
+graph keeps no extra bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tinyamp.autograd import Function
+from tinyamp.backend import get_array_module
+from tinyamp.tensor import Tensor
+
+
+class Neg(Function):
+    """$y = -x$."""
+
+    def forward(self, x: Any) -> Any:
+        return -x
+
+    def backward(self, g: Any) -> tuple[Any]:
+        return (-g,)
+
+
+class Exp(Function):
+    """$y = e^x$; $dy/dx = y$."""
+
+    def forward(self, x: Any) -> Any:
+        out = get_array_module(x).exp(x)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any]:
+        (out,) = self.saved
+        return (g * out,)
+
+
+class Log(Function):
+    """$y = \\ln x$; $dy/dx = 1/x$."""
+
+    def forward(self, x: Any) -> Any:
+        self.save_for_backward(x)
+        return get_array_module(x).log(x)
+
+    def backward(self, g: Any) -> tuple[Any]:
+        (x,) = self.saved
+        return (g / x,)
+
+
+class Sqrt(Function):
+    """$y = \\sqrt{x}$; $dy/dx = 1 / (2y)$."""
+
+    def forward(self, x: Any) -> Any:
+        out = get_array_module(x).sqrt(x)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any]:
+        (out,) = self.saved
+        return (g / (2 * out),)
+
+
+class Tanh(Function):
+    """$y = \\tanh x$; $dy/dx = 1 - y^2$."""
+
+    def forward(self, x: Any) -> Any:
+        out = get_array_module(x).tanh(x)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any]:
+        (out,) = self.saved
+        return (g * (1 - out * out),)
+
+
+class Sigmoid(Function):
+    """$y = 1 / (1 + e^{-x})$; $dy/dx = y (1 - y)$.
+
+    Computed as $(1 + \\tanh(x/2)) / 2$, the same function without the overflow of
+    $e^{-x}$ for large negative x (e^{12} already exceeds float16's 65504).
+    """
+
+    def forward(self, x: Any) -> Any:
+        out = get_array_module(x).tanh(x * 0.5)
+        out += 1
+        out *= 0.5
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any]:
+        (out,) = self.saved
+        return (g * out * (1 - out),)
+
+
+class ReLU(Function):
+    """$y = \\max(x, 0)$; $dy/dx = [x > 0]$ (0 at the kink, as in PyTorch)."""
+
+    def forward(self, x: Any) -> Any:
+        out = get_array_module(x).maximum(x, 0)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any]:
+        (out,) = self.saved
+        return (g * (out > 0),)
+
+
+_GELU_C = math.sqrt(2 / math.pi)
+_GELU_A = 0.044715
+
+
+class GELU(Function):
+    """GELU, tanh form (as in GPT-2): $y = x (1 + \\tanh(c (x + a x^3))) / 2$.
+
+    $c = \\sqrt{2/\\pi}$, $a = 0.044715$; it differs from the erf form by < 1e-3.
+    $dy/dx = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2$ with $t = \\tanh(c(x + a x^3))$.
+    """
+
+    def forward(self, x: Any) -> Any:
+        xp = get_array_module(x)
+        t = xp.tanh(_GELU_C * (x + _GELU_A * x * x * x))
+        self.save_for_backward(x, t)
+        return 0.5 * x * (1 + t)
+
+    def backward(self, g: Any) -> tuple[Any]:
+        x, t = self.saved
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * x * x)
+        return (g * d,)
+
+
+def neg(x: Tensor) -> Tensor:
+    """$-x$."""
+    return Neg.apply(x)
+
+
+def exp(x: Tensor) -> Tensor:
+    """$e^x$ elementwise (float16 overflows to inf for x > 11.09)."""
+    return Exp.apply(x)
+
+
+def log(x: Tensor) -> Tensor:
+    """Natural logarithm elementwise."""
+    return Log.apply(x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    """Square root elementwise."""
+    return Sqrt.apply(x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    """Hyperbolic tangent elementwise."""
+    return Tanh.apply(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """Logistic sigmoid elementwise."""
+    return Sigmoid.apply(x)
+
+
+def relu(x: Tensor) -> Tensor:
+    """$\\max(x, 0)$ elementwise."""
+    return ReLU.apply(x)
+
+
+def gelu(x: Tensor) -> Tensor:
+    """GELU (tanh approximation) elementwise."""
+    return GELU.apply(x)

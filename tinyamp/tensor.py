@@ -1,0 +1,344 @@
+"""Tensor: an array (NumPy or CuPy), its gradient, and the node that created it.
+
+A Tensor is deliberately thin.  ``.data`` is the real array, so its dtype and its
+bytes are the real ones: a float16 tensor holds 2 bytes per element.  ``.grad`` is an
+array of the same backend, dtype and shape, filled by ``backward()``.  Every operator
+delegates to a Function in :mod:`tinyamp.ops`, where the forward and backward math live.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tinyamp import autograd, backend, dtypes
+from tinyamp.autograd import Function
+
+Scalar = int | float | bool
+
+
+class Tensor:
+    """A node value in the graph: ``data`` (array), ``grad`` (array or None), and its creator.
+
+    Make tensors with :func:`tinyamp.tensor`; results of operations are Tensors too.
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "__weakref__")
+    __array_ufunc__ = None  # numpy_array * tensor must call Tensor.__rmul__, not loop in NumPy
+
+    def __init__(
+        self, data: Any, dtype: Any = None, requires_grad: bool = False, device: str | None = None
+    ) -> None:
+        self.data = _to_array(data, dtype, device)
+        self.grad: Any = None
+        self._ctx: Function | None = None
+        self.name: str | None = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    @staticmethod
+    def _make(data: Any, requires_grad: bool, ctx: Function | None) -> Tensor:
+        """Wrap an array without checks: the fast path used by every op."""
+        t = object.__new__(Tensor)
+        t.data = data
+        t.grad = None
+        t.requires_grad = requires_grad
+        t._ctx = ctx
+        t.name = None
+        return t
+
+    # ---- what a tensor is -------------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of ``data``: 2 per element in float16, 4 in float32."""
+        return self.data.nbytes
+
+    @property
+    def device(self) -> str:
+        return backend.device_of(self.data)
+
+    @property
+    def creator(self) -> Function | None:
+        """The Function that produced this tensor (None for a leaf)."""
+        return self._ctx
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        values = np.array2string(
+            backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(", threshold=64
+        )
+        parts = [f"shape={self.shape}", f"dtype={self.dtype}", f"device='{self.device}'"]
+        if self.requires_grad:
+            parts.append("requires_grad=True")
+        if self._ctx is not None:
+            parts.append(f"creator={self._ctx.name}")
+        return f"tensor({values}, {', '.join(parts)})"
+
+    # ---- gradients -----------------------------------------------------------------------
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        """Mark a leaf as wanting a gradient (only floating-point tensors can)."""
+        if flag and not dtypes.is_floating(self.dtype):
+            raise TypeError(
+                f"only floating-point tensors can require gradients; this one is {self.dtype}. "
+                "Convert it first, e.g. x.astype('float32')"
+            )
+        if not self.is_leaf:
+            raise autograd.GradientError("requires_grad_ can only change a leaf; use detach() first")
+        self.requires_grad = flag
+        return self
+
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
+        """Fill ``.grad`` of every leaf this tensor depends on (see autograd.backward)."""
+        autograd.backward(self, grad, retain_graph)
+
+    def retain_grad(self) -> None:
+        """Keep the gradient of this intermediate tensor in ``.grad`` after backward."""
+        if self._ctx is not None:
+            self._ctx.output_ref = autograd.make_output_ref(self)
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    def detach(self) -> Tensor:
+        """The same array, cut off from the graph."""
+        return Tensor._make(self.data, False, None)
+
+    # ---- conversions ----------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """The data as a NumPy array (copied from the GPU if needed)."""
+        return backend.to_device(self.data, "cpu")
+
+    def item(self) -> float | int | bool:
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with one element; this one has shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def astype(self, dtype: Any) -> Tensor:
+        """Cast to `dtype`, differentiably: the gradient is cast back to this tensor's dtype."""
+        return ops.cast(self, dtype)
+
+    def half(self) -> Tensor:
+        return ops.cast(self, dtypes.float16)
+
+    def float(self) -> Tensor:
+        return ops.cast(self, dtypes.float32)
+
+    def double(self) -> Tensor:
+        return ops.cast(self, dtypes.float64)
+
+    def to(self, device_or_dtype: Any) -> Tensor:
+        """Move to a device ("cpu"/"cuda") or cast to a dtype, differentiably."""
+        if isinstance(device_or_dtype, str) and device_or_dtype.lower().startswith(("cpu", "cuda", "gpu")):
+            return ops.to_device(self, device_or_dtype)
+        return ops.cast(self, device_or_dtype)
+
+    def cpu(self) -> Tensor:
+        return ops.to_device(self, "cpu")
+
+    def cuda(self) -> Tensor:
+        return ops.to_device(self, "cuda")
+
+    # ---- arithmetic: each operator is one Function in tinyamp.ops ----------------------------
+    def __add__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.add(self, other)
+
+    def __radd__(self, other: Scalar) -> Tensor:
+        return ops.add(other, self)
+
+    def __sub__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.sub(self, other)
+
+    def __rsub__(self, other: Scalar) -> Tensor:
+        return ops.sub(other, self)
+
+    def __mul__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.mul(self, other)
+
+    def __rmul__(self, other: Scalar) -> Tensor:
+        return ops.mul(other, self)
+
+    def __truediv__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.div(self, other)
+
+    def __rtruediv__(self, other: Scalar) -> Tensor:
+        return ops.div(other, self)
+
+    def __pow__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.pow(self, other)
+
+    def __rpow__(self, other: Scalar) -> Tensor:
+        return ops.pow(other, self)
+
+    def __neg__(self) -> Tensor:
+        return ops.neg(self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return ops.matmul(self, other)
+
+    def __rmatmul__(self, other: Tensor) -> Tensor:
+        return ops.matmul(other, self)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return ops.getitem(self, index)
+
+    # Comparisons give bool tensors and have no gradient.  (== is left as identity so that
+    # tensors can sit in lists and sets; use tinyamp.equal for elementwise equality.)
+    def __lt__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.compare("lt", self, other)
+
+    def __le__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.compare("le", self, other)
+
+    def __gt__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.compare("gt", self, other)
+
+    def __ge__(self, other: Tensor | Scalar) -> Tensor:
+        return ops.compare("ge", self, other)
+
+    # ---- methods that mirror the functions in tinyamp.ops -------------------------------------
+    def exp(self) -> Tensor:
+        return ops.exp(self)
+
+    def log(self) -> Tensor:
+        return ops.log(self)
+
+    def sqrt(self) -> Tensor:
+        return ops.sqrt(self)
+
+    def tanh(self) -> Tensor:
+        return ops.tanh(self)
+
+    def sigmoid(self) -> Tensor:
+        return ops.sigmoid(self)
+
+    def relu(self) -> Tensor:
+        return ops.relu(self)
+
+    def gelu(self) -> Tensor:
+        return ops.gelu(self)
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return ops.sum(self, axis, keepdims)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return ops.mean(self, axis, keepdims)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return ops.max(self, axis, keepdims)
+
+    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        return ops.reshape(self, shape)
+
+    def transpose(self, *axes: int) -> Tensor:
+        return ops.transpose(self, axes or None)
+
+    @property
+    def T(self) -> Tensor:
+        return ops.transpose(self, None)
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        return ops.softmax(self, axis)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        return ops.log_softmax(self, axis)
+
+
+def _to_array(data: Any, dtype: Any, device: str | None) -> Any:
+    """Copy `data` into a fresh array of a supported dtype on `device`."""
+    dtype = dtypes.resolve(dtype)
+    if isinstance(data, Tensor):
+        data = data.data
+    if device is None:
+        device = backend.device_of(data) if backend.is_array(data) else "cpu"
+    device = backend.check_device(device)
+    xp = backend.array_module(device)
+    if backend.is_array(data):
+        if backend.device_of(data) != device:
+            data = backend.to_device(data, device)
+        arr = xp.array(data, dtype=dtype, copy=True)
+    else:
+        host = np.asarray(data) if dtype is None else None
+        if host is not None and host.dtype == np.float64:
+            # Python floats become float32 (the training default, as in PyTorch);
+            # a NumPy float64 array passed in directly keeps float64.
+            dtype = dtypes.float32
+        elif host is not None and host.dtype.kind in "OUSV":
+            raise TypeError(f"cannot make a tensor from {type(data).__name__} data of dtype {host.dtype}")
+        arr = xp.asarray(np.asarray(data, dtype=dtype))
+    dtypes.check_supported(arr.dtype, device)
+    return arr
+
+
+def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, device: str = "cpu") -> Tensor:
+    """Make a leaf tensor from a number, a (nested) list, or a NumPy/CuPy array (copied).
+
+    ``dtype`` defaults to float32 for Python floats, int64 for ints, and the array's own
+    dtype for arrays.  ``device`` is "cpu" (NumPy) or "cuda" (CuPy).
+    """
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad, device=device)
+
+
+def as_tensor(value: Any, like: Tensor) -> Tensor:
+    """Turn an operand into a Tensor that can meet `like` in an operation.
+
+    A Python scalar takes the dtype of `like` (weak scalar), and must fit in it: a scalar
+    that rounds to inf in float16 (|x| >= 65520) is an error, not a silent inf.
+    """
+    if isinstance(value, Tensor):
+        if value.device != like.device:
+            raise backend.DeviceError(
+                f"an operation got tensors on two devices: {like.device} {like.shape} and "
+                f"{value.device} {value.shape}; move one with .to('{like.device}')"
+            )
+        return value
+    if isinstance(value, (int, float)):
+        dt = dtypes.scalar_dtype(like.dtype, value)
+        if dt.kind != "f" and dt.name != "bfloat16":
+            return Tensor._make(dt.type(value), False, None)
+        if math.isfinite(value) and abs(value) >= dtypes.overflow_threshold(dt):
+            raise OverflowError(
+                f"the scalar {value!r} does not fit in {dt} (it would round to inf); cast the "
+                f"tensor of shape {like.shape} to a wider dtype first, e.g. x.float()"
+            )
+        # A NumPy scalar of the tensor's own dtype: weak like a Python scalar, and usable
+        # by NumPy and CuPy alike without a host-to-device copy.
+        return Tensor._make(dt.type(value), False, None)
+    if backend.is_array(value):
+        return as_tensor(Tensor._make(value, False, None), like)
+    raise TypeError(f"cannot combine a Tensor with {type(value).__name__}; use a Tensor, an array or a number")
+
+
+autograd._make_tensor = Tensor._make
+
+from tinyamp import ops  # noqa: E402  (ops needs Tensor, defined above)
