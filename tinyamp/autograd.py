@@ -28,7 +28,7 @@ _grad_enabled = True
 
 # Tensor._make, registered by tinyamp.tensor when it is imported (tensor.py imports
 # this module, so this one cannot import it back at the top).
-_make_tensor: Callable[[Any, bool, Function | None], Tensor]
+_make_tensor: Callable[[Any, bool, Function | None], Tensor] = None  # type: ignore[assignment]
 
 
 class GradientError(RuntimeError):
@@ -139,18 +139,23 @@ def topological_order(root: Function) -> list[Function]:
     so graph depth is limited by memory, not by the recursion limit.
     """
     order: list[Function] = []
-    visited = {root}
+    visited: set[Function] = set()
     stack: list[tuple[Function, bool]] = [(root, False)]
     while stack:
         fn, children_done = stack.pop()
         if children_done:
             order.append(fn)
             continue
+        # Mark a node when it is expanded, not when it is pushed: a node pushed early by
+        # one consumer may also feed a consumer expanded later, and must be finished
+        # (appended) before that consumer is.
+        if fn in visited:
+            continue
+        visited.add(fn)
         stack.append((fn, True))
         for t in fn.inputs:
             parent = t._ctx
             if parent is not None and parent not in visited:
-                visited.add(parent)
                 stack.append((parent, False))
     order.reverse()  # post-order reversed: outputs first, leaves' creators last
     return order
@@ -196,7 +201,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             raise GradientError(f"the seed gradient must be a Tensor or an array; got {type(grad).__name__}")
         if grad.shape != data.shape:
             raise GradientError(f"seed gradient has shape {grad.shape}, but the output has shape {data.shape}")
-        grad = grad.astype(data.dtype, copy=False)
+        grad = grad.astype(data.dtype, copy=True)  # never hand the caller's own array to a leaf
 
     if root._ctx is None:
         _accumulate_leaf(root, grad, set())
@@ -215,8 +220,8 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             )
         if fn.output_ref is not None:
             out = fn.output_ref()
-            if out is not None:
-                out.grad = g if out.grad is None else out.grad + g
+            if out is not None:  # a copy: g may be a read-only view, or reach a leaf's .grad too
+                out.grad = g.copy() if out.grad is None else out.grad + g
         input_grads = fn.backward(g)
         if not retain_graph:
             fn.saved = None

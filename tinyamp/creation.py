@@ -15,7 +15,9 @@ def _leaf(data: Any, requires_grad: bool) -> Tensor:
     return t.requires_grad_(True) if requires_grad else t
 
 
-def full(shape: Shape, value: float, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
+def full(
+    shape: Shape, value: float, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False
+) -> Tensor:
     """A tensor of `shape` filled with `value`."""
     dt = dtypes.resolve(dtype)
     dtypes.check_supported(dt, backend.check_device(device))

@@ -36,9 +36,7 @@ def _bfloat16() -> np.dtype:
     try:
         import ml_dtypes
     except ImportError as exc:
-        raise TypeError(
-            "dtype bfloat16 needs the optional package ml_dtypes: pip install ml_dtypes"
-        ) from exc
+        raise TypeError("dtype bfloat16 needs the optional package ml_dtypes: pip install ml_dtypes") from exc
     return np.dtype(ml_dtypes.bfloat16)
 
 

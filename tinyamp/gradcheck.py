@@ -14,7 +14,6 @@ with fixed random weights $r$, which checks every output's gradient at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 

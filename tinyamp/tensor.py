@@ -29,9 +29,7 @@ class Tensor:
     __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "__weakref__")
     __array_ufunc__ = None  # numpy_array * tensor must call Tensor.__rmul__, not loop in NumPy
 
-    def __init__(
-        self, data: Any, dtype: Any = None, requires_grad: bool = False, device: str | None = None
-    ) -> None:
+    def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False, device: str | None = None) -> None:
         self.data = _to_array(data, dtype, device)
         self.grad: Any = None
         self._ctx: Function | None = None
@@ -90,9 +88,7 @@ class Tensor:
         return len(self.data)
 
     def __repr__(self) -> str:
-        values = np.array2string(
-            backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(", threshold=64
-        )
+        values = np.array2string(backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(", threshold=64)
         parts = [f"shape={self.shape}", f"dtype={self.dtype}", f"device='{self.device}'"]
         if self.requires_grad:
             parts.append("requires_grad=True")
@@ -157,8 +153,11 @@ class Tensor:
 
     def to(self, device_or_dtype: Any) -> Tensor:
         """Move to a device ("cpu"/"cuda") or cast to a dtype, differentiably."""
-        if isinstance(device_or_dtype, str) and device_or_dtype.lower().startswith(("cpu", "cuda", "gpu")):
-            return ops.to_device(self, device_or_dtype)
+        if isinstance(device_or_dtype, str):
+            try:
+                dtypes.resolve(device_or_dtype)
+            except TypeError:  # not a dtype: a device (check_device names the valid ones)
+                return ops.to_device(self, device_or_dtype)
         return ops.cast(self, device_or_dtype)
 
     def cpu(self) -> Tensor:
@@ -322,6 +321,8 @@ def as_tensor(value: Any, like: Tensor) -> Tensor:
                 f"{value.device} {value.shape}; move one with .to('{like.device}')"
             )
         return value
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        value = value.item()  # a NumPy scalar is treated like the Python number it holds
     if isinstance(value, (int, float)):
         dt = dtypes.scalar_dtype(like.dtype, value)
         if dt.kind != "f" and dt.name != "bfloat16":

@@ -4,14 +4,14 @@ Each module holds Function classes (the math: forward and backward on arrays) an
 lowercase functions (the user's verbs, which check their inputs and call ``apply``).
 """
 
-from tinyamp.ops.arithmetic import add, compare, div, equal, mul, pow, sub
+from tinyamp.ops.arithmetic import add, compare, div, equal, mul, pow, sub  # noqa: A004
 from tinyamp.ops.cast import cast, to_device
 from tinyamp.ops.dropout import dropout
 from tinyamp.ops.embedding import embedding
 from tinyamp.ops.losses import cross_entropy
 from tinyamp.ops.matmul import linear, matmul
 from tinyamp.ops.normalization import layer_norm
-from tinyamp.ops.reduce import max, mean, sum
+from tinyamp.ops.reduce import max, mean, sum  # noqa: A004
 from tinyamp.ops.shape import concatenate, getitem, reshape, transpose
 from tinyamp.ops.softmax import log_softmax, softmax
 from tinyamp.ops.unary import exp, gelu, log, neg, relu, sigmoid, sqrt, tanh

@@ -13,21 +13,20 @@ from typing import Any
 
 import numpy as np
 
-_LOW_PRECISION = frozenset({"float16", "bfloat16"})
+_FLOAT32 = np.dtype(np.float32)
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a sum of `dtype` values accumulates in: float32 for 16-bit floats."""
-    return np.dtype(np.float32) if dtype.name in _LOW_PRECISION else dtype
+    # itemsize 2 and a floating kind: float16 ("f") or ml_dtypes' bfloat16 ("V")
+    return _FLOAT32 if dtype.itemsize == 2 and dtype.kind in "fV" else dtype
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """Sum `grad` down to `shape` and cast it to `dtype`: the gradient of a broadcast."""
     if grad.shape != shape:
         lead = grad.ndim - len(shape)
-        axes = tuple(range(lead)) + tuple(
-            lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1
-        )
+        axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
         grad = grad.sum(axis=axes, dtype=accumulation_dtype(grad.dtype)).reshape(shape)
     if grad.dtype != dtype:
         grad = grad.astype(dtype)

@@ -59,7 +59,10 @@ class Linear(Function):
         self.bias_dtype = None if bias is None else bias.dtype
         out = x @ weight.T
         if bias is not None:
-            out += bias  # in place: no second (batch, out) array
+            if bias.dtype == out.dtype:
+                out += bias  # in place: no second (batch, out) array
+            else:
+                out = out + bias  # promote as x @ W.T + b would (float16 + float32 -> float32)
         return out
 
     def backward(self, g: Any) -> tuple[Any, ...]:
@@ -71,14 +74,16 @@ class Linear(Function):
             return grad_x, grad_w
         grad_b = None
         if needs[2]:
-            grad_b = _rows(g).sum(axis=0, dtype=accumulation_dtype(g.dtype)).astype(self.bias_dtype, copy=False)
+            grad_b = _rows(g).sum(axis=0, dtype=accumulation_dtype(g.dtype))
+            grad_b = grad_b.astype(self.bias_dtype, copy=False)
         return grad_x, grad_w, grad_b
 
 
 def _shape_error(a: Tensor, b: Tensor) -> ValueError:
+    inner = b.shape[-2] if b.ndim > 1 else b.shape[0]
     return ValueError(
         f"matmul shapes do not match: {a.shape} @ {b.shape}; the last axis of the left operand "
-        f"({a.shape[-1]}) must equal the second-to-last axis of the right one ({b.shape[-2] if b.ndim > 1 else b.shape[0]})"
+        f"({a.shape[-1]}) must equal the second-to-last axis of the right one ({inner})"
     )
 
 
@@ -88,11 +93,13 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
     a, b = operands(a, b)
     if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"matmul needs tensors with at least one axis; got shapes {a.shape} and {b.shape} (use * for scalars)")
+        raise ValueError(
+            f"matmul needs tensors with at least one axis; got shapes {a.shape} and {b.shape} (use * for scalars)"
+        )
     if a.shape[-1] != (b.shape[-2] if b.ndim > 1 else b.shape[0]):
         raise _shape_error(a, b)
-    if a.ndim == 1:  # a vector on the left is a one-row matrix
-        return matmul(a.reshape(1, -1), b).reshape(b.shape[:-2] + b.shape[-1:])
+    if a.ndim == 1:  # a vector on the left is a one-row matrix (vector @ vector is a 0-d dot product)
+        return matmul(a.reshape(1, -1), b).reshape(b.shape[:-2] + b.shape[-1:] if b.ndim > 1 else ())
     if b.ndim == 1:  # a vector on the right is a one-column matrix
         return matmul(a, b.reshape(-1, 1)).reshape(a.shape[:-1])
     try:
@@ -112,9 +119,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         )
     for t in (weight, bias):
         if t is not None and t.device != x.device:
-            raise DeviceError(f"linear: input on {x.device} but a parameter on {t.device}; move the model with model.to('{x.device}')")
+            raise DeviceError(
+                f"linear: input on {x.device} but a parameter on {t.device}; move the model with model.to('{x.device}')"
+            )
     if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"linear: bias of shape {bias.shape} does not fit a weight of shape {weight.shape}; it must be ({weight.shape[0]},)")
+        raise ValueError(
+            f"linear: bias of shape {bias.shape} does not fit a weight of shape {weight.shape}; "
+            f"it must be ({weight.shape[0]},)"
+        )
     if bias is None:
         return Linear.apply(x, weight)
     return Linear.apply(x, weight, bias)

@@ -48,9 +48,7 @@ class LayerNorm(Function):
         acc = accumulation_dtype(g.dtype)
         grads: list[Any] = [None]
         if weight is not None:
-            grads.append(
-                (rows * xhat.reshape(rows.shape)).sum(axis=0, dtype=acc).astype(w_dtype) if needs[1] else None
-            )
+            grads.append((rows * xhat.reshape(rows.shape)).sum(axis=0, dtype=acc).astype(w_dtype) if needs[1] else None)
         if b_dtype is not None:
             grads.append(rows.sum(axis=0, dtype=acc).astype(b_dtype) if needs[-1] else None)
         if needs[0]:

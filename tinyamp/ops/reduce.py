@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tinyamp import dtypes
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
@@ -91,7 +92,9 @@ def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Mean over `axis` (all axes when None)."""
+    """Mean over `axis` (all axes when None); integer tensors average as float32."""
+    if not dtypes.is_floating(x.dtype):  # the mean of [1, 2] is 1.5, not the integer 1
+        x = x.astype(dtypes.float32)
     return Mean.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
 

@@ -102,7 +102,11 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     """Permute the axes (reverse them when `axes` is None)."""
-    axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(a % x.ndim for a in axes)
+    if axes is None:
+        axes = tuple(range(x.ndim))[::-1]
+    elif not all(-x.ndim <= a < x.ndim for a in axes):  # checked before % would wrap them
+        raise ValueError(f"transpose axes {tuple(axes)} are not a permutation of the {x.ndim} axes of shape {x.shape}")
+    axes = tuple(a % x.ndim for a in axes)
     if sorted(axes) != list(range(x.ndim)):
         raise ValueError(f"transpose axes {axes} are not a permutation of the {x.ndim} axes of shape {x.shape}")
     return Transpose.apply(x, axes=axes)
@@ -131,6 +135,8 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     if not tensors:
         raise ValueError("concatenate needs at least one tensor")
     first = tensors[0]
+    if not -first.ndim <= axis < first.ndim:  # checked before % would wrap it (or divide by 0 for 0-d)
+        raise ValueError(f"concatenate: axis {axis} is out of range for tensors of shape {first.shape}")
     for t in tensors[1:]:
         if t.device != first.device:
             raise backend.DeviceError(f"concatenate got tensors on {first.device} and {t.device}")
