@@ -1,13 +1,13 @@
 """tinyamp: mixed-precision training you can read, on NumPy (CPU) and CuPy (GPU).
 
-    import tinyamp as ta
-    x = ta.tensor([[1.0, 2.0]], requires_grad=True)
-    y = (x * x).sum()
-    y.backward()
-    x.grad  # array([[2., 4.]], dtype=float32)
+import tinyamp as ta
+x = ta.tensor([[1.0, 2.0]], requires_grad=True)
+y = (x * x).sum()
+y.backward()
+x.grad  # array([[2., 4.]], dtype=float32)
 """
 
-from tinyamp import ops
+from tinyamp import nn, ops, optim  # noqa: E402,I001  (they build on Tensor and the ops above)
 from tinyamp.autograd import Function, GradientError, enable_grad, is_grad_enabled, no_grad
 from tinyamp.backend import DeviceError, cuda_is_available
 from tinyamp.creation import arange, full, ones, rand, randn, zeros
@@ -42,6 +42,6 @@ __all__ = [
     "no_grad", "enable_grad", "is_grad_enabled", "cuda_is_available", "manual_seed", "gradcheck",
     "zeros", "ones", "full", "randn", "rand", "arange",
     "float16", "float32", "float64", "int32", "int64", "bool_",
-    "ops", "matmul", "linear", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu",
+    "ops", "nn", "optim", "matmul", "linear", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu",
     "softmax", "log_softmax", "cross_entropy", "layer_norm", "embedding", "dropout", "concatenate", "equal",
 ]  # fmt: skip
