@@ -1,0 +1,34 @@
+"""Shared pytest setup: hypothesis profiles and the `device` fixture.
+
+Profiles: "ci" (default; 25 examples per property, no deadline, because a finite-
+difference check takes milliseconds that vary with the machine), "dev" (100) and
+"thorough" (1000).  Pick one with HYPOTHESIS_PROFILE=dev python -m pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+# `python -m pytest` finds tinyamp through the working directory; plain `pytest` in an
+# environment without `pip install -e .` finds it through this line.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tinyamp  # noqa: E402
+
+settings.register_profile("ci", deadline=None, max_examples=25, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=100)
+settings.register_profile("thorough", deadline=None, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(params=["cpu", "cuda"], scope="session")
+def device(request: pytest.FixtureRequest) -> str:
+    """Each test that takes `device` runs on the CPU, and on the GPU when CuPy sees one."""
+    if request.param == "cuda" and not tinyamp.cuda_is_available():
+        pytest.skip("device='cuda' needs CuPy and a CUDA GPU; neither is usable here")
+    return request.param

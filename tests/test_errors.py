@@ -1,0 +1,242 @@
+"""Bad input gets an error of the right type whose message names the offending values.
+
+Each ``match=`` is a regex that checks the message names the shapes, dtypes, values or
+devices involved, not just that something went wrong.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import tinyamp as ta
+
+
+def esc(*parts: object) -> str:
+    """A regex that finds str(part) for each part, in order, anywhere in the message."""
+    return ".*".join(re.escape(str(p)) for p in parts)
+
+
+# ---- shapes -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("sa", "sb"), [((2, 3), (4, 5)), ((3,), (2, 2)), ((2, 2, 3), (2,)), ((5,), (4,))])
+def test_matmul_with_mismatched_shapes_names_both_shapes(sa: tuple, sb: tuple, device: str) -> None:
+    a, b = ta.zeros(sa, device=device), ta.zeros(sb, device=device)
+    with pytest.raises(ValueError, match=esc(sa, sb)):
+        ta.matmul(a, b)
+
+
+def test_matmul_batch_axes_that_do_not_broadcast_name_both_shapes(device: str) -> None:
+    a, b = ta.zeros((2, 3, 4), device=device), ta.zeros((3, 4, 5), device=device)
+    with pytest.raises(ValueError, match=esc((2, 3, 4), (3, 4, 5))):
+        a @ b
+
+
+def test_matmul_of_a_0d_tensor_names_the_shapes() -> None:
+    with pytest.raises(ValueError, match=esc((), (3,))):
+        ta.matmul(ta.tensor(2.0), ta.zeros(3))
+
+
+def test_linear_with_the_wrong_input_size_names_input_and_weight(device: str) -> None:
+    x, w = ta.zeros((8, 3), device=device), ta.zeros((4, 5), device=device)
+    with pytest.raises(ValueError, match=esc((8, 3), (4, 5), "must be 5")):
+        ta.linear(x, w)
+
+
+def test_linear_with_a_bias_of_the_wrong_size_names_it() -> None:
+    with pytest.raises(ValueError, match=esc((3,), (4, 5), "(4,)")):
+        ta.linear(ta.zeros((2, 5)), ta.zeros((4, 5)), ta.zeros(3))
+
+
+@pytest.mark.parametrize(("sa", "sb"), [((2, 3), (4,)), ((2, 3), (3, 2)), ((5,), (4, 3))])
+def test_broadcasting_failure_names_the_op_and_both_shapes(sa: tuple, sb: tuple, device: str) -> None:
+    a, b = ta.zeros(sa, device=device), ta.zeros(sb, device=device)
+    with pytest.raises(ValueError, match=esc("Add", sa, sb)):
+        a + b
+    with pytest.raises(ValueError, match=esc("Mul", sa, sb)):
+        a * b
+
+
+@pytest.mark.parametrize("target", [(4, 2), (5,), (-1, 4), (-1, -1), (0, -1)])
+def test_reshape_to_an_incompatible_shape_names_both_shapes(target: tuple, device: str) -> None:
+    x = ta.zeros((2, 3), device=device)
+    with pytest.raises(ValueError, match=esc((2, 3), "6 elements", target)):
+        x.reshape(target)
+
+
+def test_concatenate_with_mismatched_shapes_names_them() -> None:
+    with pytest.raises(ValueError, match=esc((2, 3), (2, 4))):
+        ta.concatenate([ta.zeros((2, 3)), ta.zeros((2, 4))], axis=0)
+
+
+def test_getitem_out_of_range_names_index_and_shape() -> None:
+    with pytest.raises(IndexError, match=esc("5", (2, 3))):
+        ta.zeros((2, 3))[5]
+
+
+# ---- backward -------------------------------------------------------------------------------
+def test_backward_of_a_non_scalar_without_a_seed_names_the_shape(device: str) -> None:
+    y = ta.ones((2, 3), device=device, requires_grad=True) * 2.0
+    with pytest.raises(ta.GradientError, match=esc("scalar", "shape (2, 3)")):
+        y.backward()
+
+
+def test_backward_with_a_seed_of_the_wrong_shape_names_both_shapes() -> None:
+    y = ta.ones((2, 3), requires_grad=True) * 2.0
+    with pytest.raises(ta.GradientError, match=esc((3, 2), (2, 3))):
+        y.backward(np.ones((3, 2), dtype=np.float32))
+
+
+# ---- devices ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ta.tensor([1.0], device="tpu"),
+        lambda: ta.zeros(3, device="tpu"),
+        lambda: ta.randn(3, device="tpu"),
+        lambda: ta.arange(3, device="tpu"),
+    ],
+    ids=["tensor", "zeros", "randn", "arange"],
+)
+def test_unknown_device_names_it_and_the_valid_devices(make) -> None:  # noqa: ANN001
+    with pytest.raises(ta.DeviceError, match=r"'tpu'.*cpu.*cuda"):
+        make()
+
+
+@pytest.mark.skipif(ta.cuda_is_available(), reason="this machine has a usable GPU")
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ta.tensor([1.0], device="cuda"),
+        lambda: ta.zeros(3, device="cuda"),
+        lambda: ta.tensor([1.0]).to("cuda"),
+        lambda: ta.tensor([1.0]).cuda(),
+    ],
+    ids=["tensor", "zeros", "to", "cuda"],
+)
+def test_cuda_without_a_gpu_is_a_device_error(make) -> None:  # noqa: ANN001
+    with pytest.raises(ta.DeviceError, match=r"device='cuda'.*device='cpu'"):
+        make()
+
+
+# ---- dtypes -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: ta.tensor([1.0], dtype="complex128"), "complex128"),
+        (lambda: ta.tensor(np.array([1 + 2j])), "complex128"),
+        (lambda: ta.zeros(3, dtype="complex64"), "complex64"),
+        (lambda: ta.tensor([1.0]).astype("complex128"), "complex128"),
+        (lambda: ta.tensor(np.array([1, None], dtype=object)), "object"),
+        (lambda: ta.tensor(["a", "bc"]), "<U2"),
+        (lambda: ta.tensor(np.array(["a", "bc"])), "<U2"),
+        (lambda: ta.tensor([1.0], dtype="float17"), "'float17'"),
+        (lambda: ta.zeros(2, dtype="quux"), "'quux'"),
+    ],
+    ids=["complex_name", "complex_array", "complex_zeros", "complex_cast", "object", "str_list", "str_array",
+         "unknown_name", "unknown_name_zeros"],
+)  # fmt: skip
+def test_a_dtype_the_backend_cannot_hold_is_a_type_error_naming_it(make, named: str) -> None:  # noqa: ANN001
+    with pytest.raises(TypeError, match=re.escape(named)):
+        make()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_requires_grad_on_a_non_float_tensor_names_the_dtype(dtype: str, device: str) -> None:
+    with pytest.raises(TypeError, match=esc("floating-point", dtype)):
+        ta.tensor([1, 0], dtype=dtype, device=device, requires_grad=True)
+    with pytest.raises(TypeError, match=esc("floating-point", dtype)):
+        ta.zeros(2, dtype=dtype, device=device, requires_grad=True)
+
+
+# ---- cross_entropy labels ------------------------------------------------------------------------
+@pytest.mark.parametrize(("labels", "low", "high"), [([0, 5, 1], 0, 5), ([-1, 2, 0], -1, 2), ([7, 9, 8], 7, 9)])
+def test_cross_entropy_labels_out_of_range_name_the_range_and_values(labels: list, low: int, high: int) -> None:
+    logits = ta.zeros((3, 5), requires_grad=True)
+    with pytest.raises(ValueError, match=esc("[0, 5)", f"from {low} to {high}")):
+        ta.cross_entropy(logits, labels)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bool"])
+def test_cross_entropy_labels_of_a_non_integer_dtype_name_it(dtype: str) -> None:
+    with pytest.raises(TypeError, match=esc("integers", dtype)):
+        ta.cross_entropy(ta.zeros((2, 4)), ta.tensor([1, 0], dtype=dtype))
+
+
+@pytest.mark.parametrize("labels_shape", [(3,), (2, 1), ()])
+def test_cross_entropy_labels_of_the_wrong_shape_name_both_shapes(labels_shape: tuple) -> None:
+    with pytest.raises(ValueError, match=esc((2, 4), "(2,)", labels_shape)):
+        ta.cross_entropy(ta.zeros((2, 4)), np.zeros(labels_shape, dtype=np.int64))
+
+
+def test_cross_entropy_unknown_reduction_is_named() -> None:
+    with pytest.raises(ValueError, match="'average'"):
+        ta.cross_entropy(ta.zeros((2, 4)), [0, 1], reduction="average")
+
+
+# ---- embedding ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("idx", "low", "high"), [([0, 4], 0, 4), ([-1, 2], -1, 2), ([[1, 2], [9, -3]], -3, 9)])
+def test_embedding_index_out_of_range_names_the_range_and_values(idx: list, low: int, high: int, device: str) -> None:
+    table = ta.zeros((4, 2), device=device, requires_grad=True)
+    with pytest.raises(IndexError, match=esc("[0, 4)", f"from {low} to {high}")):
+        ta.embedding(table, idx)
+
+
+def test_embedding_float_indices_name_the_dtype() -> None:
+    with pytest.raises(TypeError, match="float32"):
+        ta.embedding(ta.zeros((4, 2)), ta.tensor([1.0]))
+
+
+# ---- dropout -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [1.0, -0.1, 1.5])
+def test_dropout_probability_out_of_range_names_it(p: float) -> None:
+    with pytest.raises(ValueError, match=esc("[0, 1)", p)):
+        ta.dropout(ta.zeros(3), p=p)
+
+
+# ---- reductions and axes ------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (2, 0)])
+def test_max_of_an_empty_tensor_names_the_shape(shape: tuple) -> None:
+    with pytest.raises(ValueError, match=esc("empty", shape)):
+        ta.zeros(shape).max()
+
+
+AXIS_OPS = {
+    "sum": lambda x, axis: x.sum(axis=axis),
+    "mean": lambda x, axis: x.mean(axis=axis),
+    "max": lambda x, axis: x.max(axis=axis),
+    "softmax": lambda x, axis: ta.softmax(x, axis=axis),
+    "log_softmax": lambda x, axis: ta.log_softmax(x, axis=axis),
+    "concatenate": lambda x, axis: ta.concatenate([x, x], axis=axis),
+}
+
+
+@pytest.mark.parametrize("axis", [2, -3, 5])
+@pytest.mark.parametrize("op", list(AXIS_OPS))
+def test_axis_out_of_range_names_the_axis(op: str, axis: int, device: str) -> None:
+    x = ta.zeros((2, 3), device=device)
+    with pytest.raises(ValueError, match=esc(f"axis {axis}", "out of range")):
+        AXIS_OPS[op](x, axis)
+
+
+def test_reduction_with_an_axis_tuple_out_of_range_names_the_axis() -> None:
+    with pytest.raises(ValueError, match=esc("axis 4", "out of range")):
+        ta.zeros((2, 3)).sum(axis=(0, 4))
+
+
+@pytest.mark.parametrize("axes", [(0, 2), (2, 1), (0, 0), (1,), (0, 1, 2)])
+def test_transpose_with_a_bad_permutation_names_the_axes_and_shape(axes: tuple) -> None:
+    with pytest.raises(ValueError, match=esc("permutation", (2, 3))):
+        ta.zeros((2, 3)).transpose(*axes)
+
+
+# ---- combining tensors ---------------------------------------------------------------------------
+def test_combining_a_tensor_with_an_unsupported_object_names_its_type() -> None:
+    with pytest.raises(TypeError, match="str"):
+        ta.zeros(2) + "1"
+
+
+def test_item_of_a_tensor_with_many_elements_names_the_shape() -> None:
+    with pytest.raises(ValueError, match=esc("(3,)")):
+        ta.zeros(3).item()
