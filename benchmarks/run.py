@@ -1,0 +1,91 @@
+"""Run every benchmark, print one table, write the numbers as JSON.
+
+    python benchmarks/run.py              # table on stdout, JSON in benchmarks/results/latest.json
+    python benchmarks/run.py --out r.json
+
+Times are medians of interleaved rounds (see timing.py); ratios compare contenders
+measured side by side in this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mlp_step  # noqa: E402
+import op_overhead  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+
+def row(benchmark: str, contender: str, unit: str, value: float, ratio: float) -> dict:
+    """One line of the table; `ratio` is tinyamp's time over this contender's."""
+    return {"benchmark": benchmark, "contender": contender, "unit": unit, "value": value, "tinyamp_over_this": ratio}
+
+
+def bench_mlp_step() -> list[dict]:
+    """tinyamp against the hand-written NumPy step, then (separately) against PyTorch.
+
+    Two phases, because PyTorch's OpenMP threads keep the cores busy after each of its
+    steps and would slow whatever runs next; each ratio comes from its own phase.
+    """
+    x, y = mlp_step.make_data()
+    name = "MLP 784-1024-1024-10 step, batch 256, SGD, FP32"
+    ours = mlp_step.tinyamp_step(x, y)
+    t = interleaved_medians({"tinyamp": ours, "numpy by hand": mlp_step.numpy_step(x, y)}, rounds=15)
+    rows = [row(name, c, "ms", 1e3 * sec, t["tinyamp"] / sec) for c, sec in t.items()]
+    torch_step = mlp_step.torch_step(x, y)
+    if torch_step is not None:
+        t = interleaved_medians({"tinyamp": ours, "pytorch cpu": torch_step}, rounds=15)
+        rows.append(row(name, "pytorch cpu", "ms", 1e3 * t["pytorch cpu"], t["tinyamp"] / t["pytorch cpu"]))
+    return rows
+
+
+def bench_op_overhead() -> list[dict]:
+    contenders = {"tinyamp": op_overhead.tinyamp_chain()}
+    torch_chain = op_overhead.torch_chain()
+    if torch_chain is not None:
+        contenders["pytorch cpu"] = torch_chain
+    t = interleaved_medians(contenders, rounds=7, calls_per_round=10)
+    us = {name: 1e6 * sec / op_overhead.CHAIN for name, sec in t.items()}
+    name = "overhead per op (forward + backward), 4-element tensors"
+    return [row(name, c, "us/op", v, us["tinyamp"] / v) for c, v in us.items()]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as the Markdown table the README shows."""
+    lines = ["| benchmark | contender | median | tinyamp / contender |", "|---|---|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['benchmark']} | {r['contender']} | {r['value']:.2f} {r['unit']} | {r['tinyamp_over_this']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "latest.json")
+    args = parser.parse_args()
+
+    rows = bench_mlp_step() + bench_op_overhead()
+    print(markdown_table(rows))
+    meta = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine()}
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+    except ImportError:
+        pass
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
