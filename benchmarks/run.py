@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import matmul_fp16  # noqa: E402
 import mlp_step  # noqa: E402
 import op_overhead  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
@@ -68,12 +69,26 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def bench_fp16_matmul() -> list[dict]:
+    """Emulated FP16 matmul against NumPy's float16 loop (timed once: seconds) and sgemm."""
+    a, b = matmul_fp16.operands()
+    name = f"FP16 matmul {matmul_fp16.N}^3 (NumPy)"
+    ours = matmul_fp16.tinyamp_float16(a, b)
+    t = interleaved_medians({"tinyamp": ours, "float32 sgemm": matmul_fp16.float32_sgemm(a, b)}, rounds=7)
+    slow = matmul_fp16.time_once(matmul_fp16.numpy_float16(a, b))
+    return [
+        row(name, "tinyamp (Tensor Core emulation)", "ms", 1e3 * t["tinyamp"], 1.0),
+        row(name, "numpy float16 matmul", "ms", 1e3 * slow, t["tinyamp"] / slow),
+        row(name, "float32 sgemm", "ms", 1e3 * t["float32 sgemm"], t["tinyamp"] / t["float32 sgemm"]),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "latest.json")
     args = parser.parse_args()
 
-    rows = bench_mlp_step() + bench_op_overhead()
+    rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul()
     print(markdown_table(rows))
     meta = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine()}
     try:

@@ -28,6 +28,11 @@ _grad_enabled = True
 
 # Tensor._make, registered by tinyamp.tensor when it is imported (tensor.py imports
 # this module, so this one cannot import it back at the top).
+# Observers of every op, called as hook(direction, fn, arrays) with direction "forward"
+# (arrays = (output,)) or "backward" (arrays = the input gradients).  Empty unless an
+# inspection tool such as tinyamp.inspect.find_overflow is active.
+hooks: list[Callable[[str, Function, Any], None]] = []
+
 _make_tensor: Callable[[Any, bool, Function | None], Tensor] = None  # type: ignore[assignment]
 
 
@@ -105,6 +110,9 @@ class Function:
         except ValueError as exc:  # e.g. shapes that do not broadcast: name the op and shapes
             shapes = ", ".join(f"{t.shape} {t.dtype}" for t in inputs)
             raise ValueError(f"{cls.__name__} got inputs of shapes {shapes}: {exc}") from None
+        if hooks:
+            for hook in hooks:
+                hook("forward", fn, (out,))
         if _grad_enabled:
             needs = tuple(t.requires_grad for t in inputs)
             if True in needs:
@@ -223,6 +231,9 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             if out is not None:  # a copy: g may be a read-only view, or reach a leaf's .grad too
                 out.grad = g.copy() if out.grad is None else out.grad + g
         input_grads = fn.backward(g)
+        if hooks:
+            for hook in hooks:
+                hook("backward", fn, input_grads)
         if not retain_graph:
             fn.saved = None
         for i, (t, gi) in enumerate(zip(fn.inputs, input_grads)):

@@ -5,7 +5,7 @@ lowercase functions (the user's verbs, which check their inputs and call ``apply
 """
 
 from tinyamp.ops.arithmetic import add, compare, div, equal, mul, pow, sub  # noqa: A004
-from tinyamp.ops.cast import cast, to_device
+from tinyamp.ops.casting import cast, to_device
 from tinyamp.ops.dropout import dropout
 from tinyamp.ops.embedding import embedding
 from tinyamp.ops.losses import cross_entropy

@@ -12,12 +12,16 @@ from typing import Any
 from tinyamp import dtypes
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
+from tinyamp.ops import casting as cast_ops
 from tinyamp.ops.broadcasting import unbroadcast
 from tinyamp.tensor import Scalar, Tensor, as_tensor
 
 
-def operands(a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[Tensor, Tensor]:
-    """Make both operands Tensors on one device; an integer operand takes the float's dtype."""
+def operands(a: Tensor | Scalar, b: Tensor | Scalar, op: str | None = None) -> tuple[Tensor, Tensor]:
+    """Make both operands Tensors on one device; an integer operand takes the float's dtype.
+
+    Inside autocast, `op` names the entry of the policy table that applies.
+    """
     if isinstance(a, Tensor):
         b = as_tensor(b, a)
     else:
@@ -29,6 +33,8 @@ def operands(a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[Tensor, Tensor]:
             a = Tensor._make(a.data.astype(target), False, None)
         if db != target:
             b = Tensor._make(b.data.astype(target), False, None)
+    if op is not None and cast_ops.active_autocast is not None:
+        a, b = cast_ops.autocast_inputs(op, a, b)
     return a, b
 
 
@@ -117,27 +123,27 @@ class Pow(Function):
 
 def add(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     """Elementwise $a + b$ with broadcasting."""
-    return Add.apply(*operands(a, b))
+    return Add.apply(*operands(a, b, "add"))
 
 
 def sub(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     """Elementwise $a - b$ with broadcasting."""
-    return Sub.apply(*operands(a, b))
+    return Sub.apply(*operands(a, b, "sub"))
 
 
 def mul(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     """Elementwise $a b$ with broadcasting."""
-    return Mul.apply(*operands(a, b))
+    return Mul.apply(*operands(a, b, "mul"))
 
 
 def div(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     """Elementwise $a / b$ with broadcasting."""
-    return Div.apply(*operands(a, b))
+    return Div.apply(*operands(a, b, "div"))
 
 
 def pow(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:  # noqa: A001 (the operator's name)
     """Elementwise $a^b$ with broadcasting (the gradient in b needs $a > 0$)."""
-    return Pow.apply(*operands(a, b))
+    return Pow.apply(*operands(a, b, "pow"))
 
 
 _COMPARISONS = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal"}

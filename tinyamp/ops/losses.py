@@ -12,6 +12,7 @@ from typing import Any
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
+from tinyamp.ops.casting import autocast_inputs
 from tinyamp.ops.softmax import stable_log_softmax
 from tinyamp.tensor import Tensor
 
@@ -70,4 +71,5 @@ def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean")
         low, high = int(labels.data.min()), int(labels.data.max())
         if low < 0 or high >= classes:
             raise ValueError(f"cross_entropy labels must lie in [0, {classes}); got values from {low} to {high}")
+    (logits,) = autocast_inputs("cross_entropy", logits)
     return CrossEntropy.apply(logits, labels, reduction=reduction)

@@ -14,6 +14,7 @@ from typing import Any
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
+from tinyamp.ops.casting import autocast_inputs
 from tinyamp.tensor import Tensor
 
 
@@ -67,5 +68,5 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
             raise ValueError(f"layer_norm: {name} of shape {p.shape} does not fit input {x.shape}; it must be ({d},)")
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported; pass weight=ones")
-    inputs = [t for t in (x, weight, bias) if t is not None]
+    inputs = autocast_inputs("layer_norm", *[t for t in (x, weight, bias) if t is not None])
     return LayerNorm.apply(*inputs, eps=eps)

@@ -13,6 +13,7 @@ from tinyamp import dtypes
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
+from tinyamp.ops.casting import autocast_inputs
 from tinyamp.tensor import Tensor
 
 Axis = int | Sequence[int] | None
@@ -88,6 +89,7 @@ class Max(Function):
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Sum over `axis` (all axes when None)."""
+    (x,) = autocast_inputs("sum", x)
     return Sum.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
 
@@ -95,6 +97,7 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Mean over `axis` (all axes when None); integer tensors average as float32."""
     if not dtypes.is_floating(x.dtype):  # the mean of [1, 2] is 1.5, not the integer 1
         x = x.astype(dtypes.float32)
+    (x,) = autocast_inputs("mean", x)
     return Mean.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
 

