@@ -255,3 +255,176 @@ def dag_steps(max_steps: int = 8) -> SearchStrategy[list[tuple[int, int, str]]]:
     """Recipes for random graphs: step k combines nodes i and j (taken modulo the nodes so far)
     with "+", "*" or "t" (tanh of the difference), so nodes end up with several consumers."""
     return st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99), st.sampled_from("+*t")), max_size=max_steps)
+
+
+# ---- loss scaling --------------------------------------------------------------------------------
+@st.composite
+def scaler_configs(draw: Any) -> dict[str, Any]:
+    """Keyword arguments of a dynamic LossScaler: any growth rule, factor, interval, bounds and scale dtype.
+
+    The initial scale (2^-20..2^120) and the bounds (2^-40..2^127) are powers of two (exact in
+    float32 too), with min_scale <= init_scale <= max_scale; the exponents reach far enough
+    that float32 overflow refusal and, without a floor, underflow to 0 both happen.
+    """
+    init_exp = draw(st.integers(-20, 120))
+    min_exp = draw(st.none() | st.integers(-40, init_exp))
+    max_exp = draw(st.none() | st.integers(init_exp, 127))
+    return dict(
+        init_scale=2.0**init_exp,
+        growth_factor=draw(st.sampled_from([2.0, 4.0]) | st.floats(1.01, 16.0)),
+        backoff_factor=draw(st.sampled_from([0.5, 0.25]) | st.floats(0.01, 0.99)),
+        growth_interval=draw(st.integers(1, 6)),
+        min_scale=None if min_exp is None else 2.0**min_exp,
+        max_scale=None if max_exp is None else 2.0**max_exp,
+        scale_dtype=draw(st.sampled_from(["float64", "float32"])),
+        warmup=draw(st.booleans()),
+        growth_rule=draw(st.sampled_from(["interval", "per_step"])),
+    )
+
+
+def overflow_flags(max_runs: int = 12, max_run: int = 250) -> SearchStrategy[list[bool]]:
+    """Sequences of found_inf flags built from runs (up to `max_run` equal flags in a row):
+    long overflow runs drive a scale to underflow, long clean runs to the growth ceiling."""
+    runs = st.lists(st.tuples(st.booleans(), st.integers(1, max_run)), max_size=max_runs)
+    return runs.map(lambda rs: [flag for flag, n in rs for _ in range(n)])
+
+
+@st.composite
+def gradscaler_settings(draw: Any) -> tuple[float, float, float, int]:
+    """(init_scale, growth_factor, backoff_factor, growth_interval) for PyTorch's update rule.
+
+    init_scale is a float32 value (a power of two, or any positive normal float32); the factors
+    are PyTorch's (2, 0.5) or arbitrary, so that the float32 rounding of s * factor matters.
+    """
+    power = st.integers(-126, 127).map(lambda e: 2.0**e)
+    any_f32 = st.floats(2.0**-126, float(np.finfo(np.float32).max), width=32, allow_subnormal=False)
+    init = draw(power | any_f32)
+    growth = draw(st.just(2.0) | st.floats(1.0001, 16.0))
+    backoff = draw(st.just(0.5) | st.floats(0.01, 0.99))
+    interval = draw(st.sampled_from([1, 2, 3, 2000]))
+    return init, growth, backoff, interval
+
+
+def gradient_values(dtype: Any) -> SearchStrategy[np.ndarray]:
+    """Arrays of `dtype` (float16 or float32) holding any finite values, subnormals and signed zeros included."""
+    width = np.dtype(dtype).itemsize * 8
+    values = st.floats(width=width, allow_nan=False, allow_infinity=False)
+    return hnp.arrays(np.dtype(dtype), shapes(min_dims=1), elements=values)
+
+
+# ---- master weights and checkpoints --------------------------------------------------------------
+def shapes_then(shape: ShapeArg) -> SearchStrategy[Shape]:
+    """`shape` as a strategy: a fixed shape, a strategy of shapes, or any shape (None)."""
+    if shape is None:
+        return shapes()
+    if isinstance(shape, SearchStrategy):
+        return shape
+    return st.just(tuple(shape))
+
+
+def half_arrays(shape: ShapeArg = None, low: float = -2.0, high: float = 2.0) -> SearchStrategy[np.ndarray]:
+    """float16 arrays with finite values in [low, high], float16 subnormals and signed zeros included."""
+    values = st.floats(low, high, width=16, allow_nan=False, allow_infinity=False)
+    return shapes_then(shape).flatmap(lambda s: hnp.arrays(np.float16, s, elements=values))
+
+
+@st.composite
+def lost_update_cases(draw: Any, shape: ShapeArg = None) -> tuple[np.ndarray, float, np.ndarray]:
+    """(w16, lr, g16): float16 weights in one binade [2^e, 2^(e+1)) of either sign, and float16
+    gradients of +-1, such that the SGD update -lr * g is lost in float16 and exact in float32.
+
+    lr = k 2^(e-23) with 1 <= k < 2^11, so lr < 2^(e-12): below half an ulp of every weight in
+    the binade, in either direction (2^(e-12) is half the gap just below a power of two, the
+    smallest such half-gap).  And lr is a multiple of float32's ulp at the weights, so
+    w + lr and w - lr are float32 values: a float32 master moves by exactly lr.
+    """
+    shape = _shape(draw, shape)
+    e = draw(st.integers(-14, 14))  # normal float16 binades
+    mantissa = draw(hnp.arrays(np.int64, shape, elements=st.integers(0, 1023)))
+    negative = draw(hnp.arrays(np.bool_, shape))
+    w = np.ldexp(1.0 + mantissa / 1024.0, e)
+    w16 = np.where(negative, -w, w).astype(np.float16)
+    lr = draw(st.integers(1, 2**11 - 1)) * 2.0 ** (e - 23)
+    g16 = np.where(draw(hnp.arrays(np.bool_, shape)), 1.0, -1.0).astype(np.float16)
+    return w16, lr, g16
+
+
+def bit_pattern_arrays(dtype: Any, shape: ShapeArg = None) -> SearchStrategy[np.ndarray]:
+    """Arrays of `dtype` (a float or integer dtype, bfloat16 included) holding any bit pattern:
+    NaNs with payloads, infinities, signed zeros, subnormals.  For bit-exact round trips."""
+    dtype = np.dtype(dtype)
+    bits = np.dtype(f"u{dtype.itemsize}")
+    return shapes_then(shape).flatmap(lambda s: hnp.arrays(bits, s)).map(lambda a: a.view(dtype))
+
+
+def json_values(max_leaves: int = 12) -> SearchStrategy[Any]:
+    """What a training loop may keep in a checkpoint's `extra` (or a scaler its state_dict):
+    None, bools, ints of any size, floats (infinities too, no NaN so that == works), strings,
+    and lists, tuples and dicts with string keys nested from them."""
+    leaves = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+    keys = st.text(max_size=6).filter(lambda k: k != "__tinyamp__")
+    return st.recursive(
+        leaves,
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.lists(inner, max_size=3).map(tuple)
+            | st.dictionaries(keys, inner, max_size=3)
+        ),
+        max_leaves=max_leaves,
+    )
+
+
+# ---- 16-bit formats, autocast, Tensor Core numerics --------------------------------------------
+def half_floats(allow_infinity: bool = True, nonzero: bool = False) -> SearchStrategy[float]:
+    """Python floats that are float16 values (NaN excluded): subnormals, +-0, +-65504, maybe +-inf.
+
+    ``nonzero=True`` leaves out the zeros (without a filter: they are drawn often).
+    """
+    if not nonzero:
+        return st.floats(width=16, allow_nan=False, allow_infinity=allow_infinity)
+    magnitude = st.floats(2.0**-24, 65504.0, width=16)
+    if allow_infinity:
+        magnitude = magnitude | st.just(math.inf)
+    return st.tuples(magnitude, st.booleans()).map(lambda ms: -ms[0] if ms[1] else ms[0])
+
+
+def float16_boundary_floats() -> SearchStrategy[float]:
+    """Python floats near where float16 changes behaviour, and their float64 neighbours:
+    2^-25 (half the smallest subnormal), 2^-14 - 2^-25 (the tie between the largest subnormal
+    and the smallest normal), 65520 (max + half an ulp: the overflow threshold), and any float."""
+    edges = [2.0**-25, 2.0**-24, 2.0**-14 - 2.0**-25, 2.0**-14, 65504.0, 65520.0]
+    near = st.sampled_from(edges).flatmap(
+        lambda e: st.sampled_from([e, float(np.nextafter(e, 0.0)), float(np.nextafter(e, np.inf))])
+    )
+    magnitude = near | st.floats(0.0, 2.0**-13) | st.floats(6.0e4, 7.0e4) | st.floats(0.0, allow_infinity=True)
+    return st.tuples(magnitude, st.booleans()).map(lambda ms: -ms[0] if ms[1] else ms[0])
+
+
+def integer_half_arrays(shape: ShapeArg = None, bound: int = 32) -> SearchStrategy[np.ndarray]:
+    """float16 arrays of integers in [-bound, bound].
+
+    Products and sums of a few hundred of them are integers below 2^24, exact in float32 in
+    any order: a matrix product of them has exactly one rounding, the final one to float16.
+    """
+    values = st.integers(-bound, bound).map(float)
+    return shapes_then(shape).flatmap(lambda s: hnp.arrays(np.float16, s, elements=values))
+
+
+@st.composite
+def tensor_core_shape_pairs(draw: Any, kind: str) -> tuple[Shape, Shape]:
+    """(a.shape, b.shape) for a @ b of one `kind`: "2d" (M, K) @ (K, N); "batched" with equal
+    batch axes; "broadcast" with batch axes that differ (size 1 or missing on one side)."""
+    m, k, n = (draw(st.integers(1, 4)) for _ in range(3))
+    if kind == "2d":
+        return (m, k), (k, n)
+    if kind == "batched":
+        batch = draw(shapes(min_dims=1, max_dims=2, max_side=3))
+        return batch + (m, k), batch + (k, n)
+    pairs = broadcastable_shapes(2, min_dims=0, max_dims=2).filter(lambda p: p[0] != p[1])
+    batch_a, batch_b = draw(pairs)
+    return batch_a + (m, k), batch_b + (k, n)
+
+
+def mlp_sizes() -> SearchStrategy[list[int]]:
+    """Layer sizes for tinyamp.nn.MLP: 2-4 sizes of 1..6 (one to three Linear layers)."""
+    return st.lists(st.integers(1, 6), min_size=2, max_size=4)

@@ -26,13 +26,13 @@ if TYPE_CHECKING:
 
 _grad_enabled = True
 
-# Tensor._make, registered by tinyamp.tensor when it is imported (tensor.py imports
-# this module, so this one cannot import it back at the top).
 # Observers of every op, called as hook(direction, fn, arrays) with direction "forward"
 # (arrays = (output,)) or "backward" (arrays = the input gradients).  Empty unless an
 # inspection tool such as tinyamp.inspect.find_overflow is active.
 hooks: list[Callable[[str, Function, Any], None]] = []
 
+# Tensor._make, registered by tinyamp.tensor when it is imported (tensor.py imports
+# this module, so this one cannot import it back at the top).
 _make_tensor: Callable[[Any, bool, Function | None], Tensor] = None  # type: ignore[assignment]
 
 
@@ -234,7 +234,9 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         if hooks:
             for hook in hooks:
                 hook("backward", fn, input_grads)
-        if not retain_graph:
+        if not retain_graph and fn.saved:
+            # Free what this node kept.  A node that kept nothing (an add, a cast) has
+            # nothing to lose and may be walked again, as in PyTorch.
             fn.saved = None
         for i, (t, gi) in enumerate(zip(fn.inputs, input_grads)):
             if gi is None or not t.requires_grad:

@@ -64,6 +64,9 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
         self.enabled = enabled
         self.policy = dict(_policy.DEFAULT_POLICY)
         for op, rule in (policy or {}).items():
+            if op not in _policy.DEFAULT_POLICY:
+                known = ", ".join(_policy.DEFAULT_POLICY)
+                raise ValueError(f"autocast policy: unknown op {op!r} (a typo?); the table has {known}")
             _policy.check_rule(op, rule)
             self.policy[op] = rule
         self.log_casts = log_casts

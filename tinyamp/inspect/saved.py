@@ -97,5 +97,3 @@ def saved_tensors(root: Tensor) -> SavedTensorsReport:
             )
             first_row.setdefault(key, len(report.rows) - 1)
     return report
-
-

@@ -57,3 +57,15 @@ def mask_where_positive(g: np.ndarray, out: np.ndarray) -> np.ndarray:
     bits = out.view(_INT16)
     positive = (bits > 0) & (bits <= _pos_inf_bits(out.dtype))
     return (g.view(_INT16) * positive).view(g.dtype)
+
+
+_SAME_WIDTH_INT = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
+
+
+def select(g: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """g where `keep` (bool) holds, else +0.0, for a float array of any width.
+
+    A select, not a product: ``g * keep`` turns an inf gradient at a dropped position
+    into NaN (inf * 0), while multiplying the bit pattern by 0 gives +0.0 exactly.
+    """
+    return (g.view(_SAME_WIDTH_INT[g.dtype.itemsize]) * keep).view(g.dtype)

@@ -7,6 +7,7 @@ its float16 gradient back as float32.
 
 from __future__ import annotations
 
+import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -52,7 +53,9 @@ def convert(x: Any, dtype: Any) -> Any:
     src, dst = x.reshape(-1), out.reshape(-1)
     bounds = np.linspace(0, src.size, workers + 1).astype(int)
     pieces = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    futures = [_pool.submit(np.copyto, d, s, casting="unsafe") for d, s in pieces[1:]]
+    # np.errstate lives in a context variable: each piece runs in a copy of the caller's
+    # context, so an overflow warns, is ignored or raises exactly as astype's would.
+    futures = [_pool.submit(contextvars.copy_context().run, np.copyto, d, s, casting="unsafe") for d, s in pieces[1:]]
     np.copyto(*pieces[0], casting="unsafe")
     for f in futures:
         f.result()

@@ -1,0 +1,348 @@
+"""Tensor Core numerics for 16-bit operands, the parallel cast, and exact ops on 16-bit bit patterns.
+
+The emulation rule: a product of two float16 values has at most 22 significant bits, so
+it is exact in float32; the products are summed in float32 and the sum is rounded to
+float16 once.  On NumPy: widen both operands to float32, call sgemm, round the result.
+Every check here is bit-exact, against a NumPy reference written out by hand.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import half_arrays, half_floats, integer_half_arrays, linear_shapes, tensor_core_shape_pairs
+
+import tinyamp as ta
+from tinyamp.ops import bits16, casting
+
+try:
+    import ml_dtypes
+except ImportError:  # bfloat16 is optional
+    ml_dtypes = None
+
+needs_ml_dtypes = pytest.mark.skipif(ml_dtypes is None, reason="bfloat16 needs the optional package ml_dtypes")
+
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+SIXTEEN_BIT = [F16] + ([np.dtype(ml_dtypes.bfloat16)] if ml_dtypes is not None else [])
+
+
+def bits(array: Any) -> np.ndarray:
+    """The bit patterns of an array: equality of these is bit-exactness (-0.0 != 0.0, NaN payloads)."""
+    array = np.asarray(array)
+    return np.ascontiguousarray(array).view(f"u{array.dtype.itemsize}")
+
+
+def assert_bits_equal(actual: Any, expected: Any) -> None:
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    np.testing.assert_array_equal(bits(actual), bits(expected))
+
+
+def emulate(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Tensor Core numerics by hand: widen, multiply-accumulate in float32, round once."""
+    return (a.astype(F32) @ b.astype(F32)).astype(a.dtype)
+
+
+def unbroadcast_ref(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum `g` down to `shape` over the broadcast axes (leading ones and size-1 ones)."""
+    g = g.sum(axis=tuple(range(g.ndim - len(shape))))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True)
+
+
+def leaf(array: np.ndarray) -> ta.Tensor:
+    return ta.tensor(array, requires_grad=True)
+
+
+# ---- forward -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["2d", "batched", "broadcast"])
+@given(data=st.data())
+def test_float16_matmul_is_float32_accumulation_rounded_once(kind: str, data: st.DataObject) -> None:
+    a_shape, b_shape = data.draw(tensor_core_shape_pairs(kind))
+    a, b = data.draw(half_arrays(a_shape, -8.0, 8.0)), data.draw(half_arrays(b_shape, -8.0, 8.0))
+    y = ta.matmul(ta.tensor(a), ta.tensor(b))
+    assert y.dtype == F16
+    assert_bits_equal(y.numpy(), emulate(a, b))
+
+
+@given(a=half_floats(allow_infinity=False), b=half_floats(allow_infinity=False))
+def test_a_product_of_two_float16_values_is_exact_in_float32(a: float, b: float) -> None:
+    assert float(np.float32(a) * np.float32(b)) == a * b  # a * b in float64 is exact too (22 bits)
+
+
+def test_4096_ones_sum_to_4096_where_a_float16_running_sum_stalls_at_2048() -> None:
+    a, b = np.ones((1, 4096), F16), np.ones((4096, 1), F16)
+    assert ta.matmul(ta.tensor(a), ta.tensor(b)).item() == 4096.0
+    running = np.cumsum(a[0], dtype=F16)  # a float16 accumulator: 2048 + 1 is a tie, rounded back to 2048
+    assert running[-1] == 2048.0
+
+
+class NoHalfMatmul(np.ndarray):
+    """An array that fails any matmul with a 16-bit operand (NumPy's float16 matmul is a slow
+    loop, not BLAS; the emulation must never reach it) and records the dtypes of the others."""
+
+    calls: list[tuple[np.dtype, ...]] = []
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if ufunc is np.matmul:
+            dtypes = tuple(np.asarray(x).dtype for x in inputs)
+            if any(d.itemsize == 2 for d in dtypes):
+                raise AssertionError(f"a matmul on 16-bit operands: {dtypes}")
+            NoHalfMatmul.calls.append(dtypes)
+        plain = tuple(x.view(np.ndarray) if isinstance(x, NoHalfMatmul) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, NoHalfMatmul) else o for o in kwargs["out"])
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
+def probe(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(F16).view(NoHalfMatmul)
+
+
+def probe_leaf(shape: tuple[int, ...], seed: int) -> ta.Tensor:
+    return ta.Tensor._make(probe(shape, seed), True, None)
+
+
+def test_numpy_float16_matmul_is_never_called() -> None:
+    with pytest.raises(AssertionError, match="16-bit"):  # the probe itself works
+        probe((2, 3), 0) @ probe((3, 2), 1)
+    NoHalfMatmul.calls = []
+    a, b = probe_leaf((2, 3, 4), 0), probe_leaf((4, 5), 1)
+    ta.matmul(a, b).backward(probe((2, 3, 5), 2))  # forward, grad of a, grad of b
+    x, w, bias = probe_leaf((3, 4), 3), probe_leaf((2, 4), 4), probe_leaf((2,), 5)
+    ta.linear(x, w, bias).backward(probe((3, 2), 6))  # forward, grad of x, grad of w
+    assert NoHalfMatmul.calls == [(F32, F32)] * 6
+    assert a.grad.dtype == b.grad.dtype == x.grad.dtype == w.grad.dtype == bias.grad.dtype == F16
+
+
+@given(shapes=linear_shapes(), data=st.data())
+def test_float16_linear_adds_the_bias_in_float32_and_rounds_once(shapes, data: st.DataObject) -> None:
+    x_shape, w_shape = shapes
+    x, w = data.draw(half_arrays(x_shape, -8.0, 8.0)), data.draw(half_arrays(w_shape, -8.0, 8.0))
+    b = data.draw(half_arrays((w_shape[0],), -8.0, 8.0))
+    y = ta.linear(ta.tensor(x), ta.tensor(w), ta.tensor(b))
+    expected = (x.astype(F32) @ w.astype(F32).T + b.astype(F32)).astype(F16)
+    assert_bits_equal(y.numpy(), expected)
+    assert_bits_equal(ta.linear(ta.tensor(x), ta.tensor(w)).numpy(), (x.astype(F32) @ w.astype(F32).T).astype(F16))
+
+
+def test_the_bias_is_added_before_the_single_rounding() -> None:
+    # x W^T = 2048 + 1 = 2049 in float32; + bias 1 = 2050, a float16 value: rounded once, 2050.
+    # Rounded twice: 2049 -> 2048 (a tie, to the even 2048), then 2048 + 1 -> 2048 again.
+    x, w, b = np.array([[1.0, 1.0]], F16), np.array([[2048.0, 1.0]], F16), np.array([1.0], F16)
+    y = ta.linear(ta.tensor(x), ta.tensor(w), ta.tensor(b))
+    assert y.dtype == F16 and y.item() == 2050.0
+    twice = (x.astype(F32) @ w.astype(F32).T).astype(F16) + b
+    assert twice.item() == 2048.0
+
+
+@needs_ml_dtypes
+@given(pair=tensor_core_shape_pairs("broadcast"), shapes=linear_shapes(), data=st.data())
+def test_bfloat16_products_follow_the_same_emulation(pair, shapes, data: st.DataObject) -> None:
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray:
+        return data.draw(half_arrays(shape, -8.0, 8.0)).astype(F32).astype(bf16)
+
+    a, b = draw(pair[0]), draw(pair[1])
+    y = ta.matmul(ta.tensor(a), ta.tensor(b))
+    assert y.dtype == bf16
+    assert_bits_equal(y.numpy(), emulate(a, b))
+    x, w, bias = draw(shapes[0]), draw(shapes[1]), draw(shapes[1][:1])
+    z = ta.linear(ta.tensor(x), ta.tensor(w), ta.tensor(bias))
+    assert_bits_equal(z.numpy(), (x.astype(F32) @ w.astype(F32).T + bias.astype(F32)).astype(bf16))
+
+
+# ---- backward ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["2d", "batched", "broadcast"])
+@given(data=st.data())
+def test_float16_matmul_gradients_are_the_same_emulation(kind: str, data: st.DataObject) -> None:
+    # Integer operands: every float32 sum is exact in any order, so the only rounding in the
+    # reference is the final one, and summation order (sgemm blocking, batch sums) cannot matter.
+    a_shape, b_shape = data.draw(tensor_core_shape_pairs(kind))
+    a, b = data.draw(integer_half_arrays(a_shape)), data.draw(integer_half_arrays(b_shape))
+    g = data.draw(integer_half_arrays(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])))
+    ta_a, ta_b = leaf(a), leaf(b)
+    ta.matmul(ta_a, ta_b).backward(g)
+    a64, b64, g64 = a.astype(F64), b.astype(F64), g.astype(F64)
+    assert_bits_equal(ta_a.grad, unbroadcast_ref(g64 @ b64.swapaxes(-1, -2), a_shape).astype(F16))
+    assert_bits_equal(ta_b.grad, unbroadcast_ref(a64.swapaxes(-1, -2) @ g64, b_shape).astype(F16))
+
+
+@given(shapes=linear_shapes(), data=st.data())
+def test_float16_linear_gradients_are_the_same_emulation(shapes, data: st.DataObject) -> None:
+    x_shape, w_shape = shapes
+    x, w = data.draw(integer_half_arrays(x_shape)), data.draw(integer_half_arrays(w_shape))
+    b = data.draw(integer_half_arrays((w_shape[0],)))
+    g = data.draw(integer_half_arrays(x_shape[:-1] + (w_shape[0],)))
+    tx, tw, tb = leaf(x), leaf(w), leaf(b)
+    ta.linear(tx, tw, tb).backward(g)
+    x64, w64 = x.astype(F64).reshape(-1, x_shape[-1]), w.astype(F64)
+    g64 = g.astype(F64).reshape(-1, w_shape[0])
+    assert_bits_equal(tx.grad, (g64 @ w64).reshape(x_shape).astype(F16))
+    assert_bits_equal(tw.grad, (g64.T @ x64).astype(F16))
+    assert_bits_equal(tb.grad, g64.sum(axis=0).astype(F16))
+
+
+def test_gradient_sums_are_rounded_once_not_per_term() -> None:
+    # dW = g^T x over two rows: 2048 + 1 + 1 = 2050 in float32, a float16 value.  Rounding
+    # after each term would give 2048 (2048 + 1 is a tie that goes back to the even 2048).
+    x = leaf(np.array([[2048.0], [1.0], [1.0]], F16))
+    w = leaf(np.array([[1.0]], F16))
+    ta.linear(x, w).backward(np.ones((3, 1), F16))
+    assert w.grad.dtype == F16 and w.grad[0, 0] == 2050.0
+    a, b = leaf(np.array([[2048.0, 1.0, 1.0]], F16)), leaf(np.ones((3, 1), F16))
+    ta.matmul(a, b).backward(np.ones((1, 1), F16))
+    assert ta.matmul(a.detach(), b.detach()).item() == 2050.0
+
+
+# ---- the parallel cast -------------------------------------------------------------------------------
+N_LARGE = casting.PARALLEL_MIN_ELEMENTS + 12_345  # an odd size: uneven pieces
+
+
+@pytest.fixture(params=[3, 8])
+def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Force the parallel path with `param` pieces, whatever this machine's core count."""
+    monkeypatch.setattr(casting, "_workers", lambda: request.param)
+    monkeypatch.setattr(casting, "_pool", None)
+    return request.param
+
+
+def every_kind_of_float32(n: int) -> np.ndarray:
+    """float32 values of every class for a float16 cast: all float16 values widened, random bit
+    patterns (NaN payloads, float32 subnormals, huge values), ties, and the thresholds."""
+    rng = np.random.default_rng(0)
+    halves = np.arange(65536, dtype=np.uint16).view(F16).astype(F32)
+    edges = np.array(
+        [65504, 65519.996, 65520, 65536, 1e6, 3.4e38, np.inf, -np.inf, np.nan, 2**-25, 2**-24, 2**-26, 1 + 2**-11],
+        F32,
+    )
+    ties = (np.arange(1024, dtype=F32) + 0.5) * np.float32(2**-24)  # exact halfway between subnormals
+    random_bits = rng.integers(0, 2**32, n, dtype=np.uint32).view(F32)
+    out = np.concatenate([halves, edges, -edges, ties, random_bits])[:n]
+    return rng.permutation(out)
+
+
+@pytest.mark.parametrize("source, target", [(F32, F16), (F64, F16), (F16, F32), (F16, F64)])
+def test_convert_is_bit_identical_to_astype_for_large_arrays(workers: int, source, target) -> None:
+    if source == F16:
+        x = np.tile(np.arange(65536, dtype=np.uint16).view(F16), N_LARGE // 65536 + 1)[:N_LARGE]
+    else:
+        with np.errstate(invalid="ignore"):  # signalling NaNs among the random bit patterns
+            x = every_kind_of_float32(N_LARGE).astype(source)
+    assert x.size >= casting.PARALLEL_MIN_ELEMENTS and x.flags.c_contiguous
+    with np.errstate(over="ignore", invalid="ignore"):
+        out, expected = casting.convert(x, target), x.astype(target)
+    assert out.flags.c_contiguous
+    assert_bits_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [lambda a: a[::2], lambda a: a.reshape(-1, 1000)[:, 1:].reshape(-1, 999), lambda a: a.reshape(1000, -1).T],
+    ids=["strided", "sliced rows", "transposed"],
+)
+def test_convert_of_non_contiguous_inputs_is_bit_identical_to_astype(workers: int, view) -> None:
+    base = every_kind_of_float32(1000 * ((2 * N_LARGE) // 1000))
+    x = view(base)
+    assert not x.flags.c_contiguous
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert_bits_equal(casting.convert(x, F16), x.astype(F16))
+
+
+def test_convert_of_a_2d_array_keeps_the_shape(workers: int) -> None:
+    x = every_kind_of_float32(512 * 1024).reshape(512, 1024)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert_bits_equal(casting.convert(x, F16), x.astype(F16))
+
+
+def test_convert_to_the_same_dtype_returns_the_array_itself() -> None:
+    x = np.ones(3, F32)
+    assert casting.convert(x, F32) is x
+
+
+@needs_ml_dtypes
+def test_convert_to_and_from_bfloat16_is_bit_identical_to_astype(workers: int) -> None:
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    x = every_kind_of_float32(N_LARGE)
+    y = np.tile(np.arange(65536, dtype=np.uint16).view(bf16), N_LARGE // 65536 + 1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert_bits_equal(casting.convert(x, bf16), x.astype(bf16))
+        assert_bits_equal(casting.convert(y, F32), y.astype(F32))
+
+
+def test_convert_follows_the_callers_errstate_in_every_piece(workers: int) -> None:
+    x = np.ones(N_LARGE, F32)
+    x[-1] = 1e6  # the overflow is in the last piece, cast by a worker thread
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(over="ignore"):
+            casting.convert(x, F16)  # silent, as astype is
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+        casting.convert(x, F16)
+
+
+# ---- ReLU on bit patterns ------------------------------------------------------------------------
+def all_patterns(dtype: np.dtype) -> np.ndarray:
+    return np.arange(65536, dtype=np.uint16).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=str)
+def test_bits16_relu_is_numpy_maximum_except_negative_zero(dtype: np.dtype) -> None:
+    x = all_patterns(dtype)
+    with np.errstate(invalid="ignore"):
+        expected = np.maximum(x, np.zeros_like(x))
+    got = bits16.relu(x)
+    assert got.dtype == dtype
+    differ = np.flatnonzero(bits(got) != bits(expected))
+    # Only -0.0 may differ: the bit trick gives +0.0; NumPy's float16 maximum(-0.0, 0) keeps
+    # -0.0 (ml_dtypes' bfloat16 one gives +0.0, so there nothing differs).
+    assert bits(got)[0x8000] == 0
+    assert differ.tolist() == ([0x8000] if bits(expected)[0x8000] == 0x8000 else [])
+    if dtype == F16:
+        assert differ.tolist() == [0x8000]
+    nan = np.isnan(x.astype(F32))
+    assert_bits_equal(got[nan], x[nan])  # every NaN, with its sign and payload
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=str)
+def test_bits16_mask_where_positive_is_numpy_where(dtype: np.dtype) -> None:
+    out = all_patterns(dtype)
+    rng = np.random.default_rng(0)
+    for g in (rng.permutation(out), out[::-1].copy()):  # every pattern as g too, NaNs and infs included
+        with np.errstate(invalid="ignore"):
+            expected = np.where(out > np.zeros_like(out), g, np.zeros_like(g))
+        assert_bits_equal(bits16.mask_where_positive(g, out), expected)
+
+
+def test_a_nan_output_blocks_the_gradient_in_float16_as_in_float32() -> None:
+    nans = np.array([0x7E00, 0xFE00, 0x7C01, 0xFFFF], np.uint16).view(F16)  # both signs, several payloads
+    for dtype in (F16, F32):
+        x = leaf(np.concatenate([nans, np.array([1.0, -1.0], F16)]).astype(dtype))
+        y = ta.relu(x)
+        assert np.isnan(y.numpy()[:4]).all()
+        y.backward(np.full(6, 3.0, dtype))
+        np.testing.assert_array_equal(x.grad, np.array([0, 0, 0, 0, 3, 0], dtype))
+
+
+@given(g=half_arrays((1024,), -1000.0, 1000.0))
+def test_relu_on_float16_is_the_float32_relu_rounded(g: np.ndarray) -> None:
+    x = all_patterns(F16)
+    x = x[~np.isnan(x.astype(F32))][: 64 * 1024 - 2048]  # every non-NaN value (infs included) ...
+    g = np.resize(g, x.shape)  # ... against finite gradients
+    t = leaf(x)
+    y = ta.relu(t)
+    y.backward(g)
+    x32, g32 = x.astype(F32), g.astype(F32)
+    expected_y = np.maximum(x32, 0).astype(F16)
+    np.testing.assert_array_equal(y.numpy(), expected_y)  # equal values (-0.0 == 0.0: see the test above)
+    expected_g = (g32 * (np.maximum(x32, 0) > 0)).astype(F16)
+    np.testing.assert_array_equal(t.grad, expected_g)  # equal values; a blocked -0.0 gradient becomes +0.0
+    nonzero = expected_g != 0
+    assert_bits_equal(t.grad[nonzero], expected_g[nonzero])
