@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import matmul_fp16  # noqa: E402
 import mlp_step  # noqa: E402
+import mp_step  # noqa: E402
 import op_overhead  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
@@ -59,14 +60,40 @@ def bench_op_overhead() -> list[dict]:
     return [row(name, c, "us/op", v, us["tinyamp"] / v) for c, v in us.items()]
 
 
+def ratio(value: float) -> str:
+    return "" if value != value else f"{value:.2f}x"  # NaN (no ratio) prints as an empty cell
+
+
 def markdown_table(rows: list[dict]) -> str:
     """The rows as the Markdown table the README shows."""
     lines = ["| benchmark | contender | median | tinyamp / contender |", "|---|---|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['benchmark']} | {r['contender']} | {r['value']:.2f} {r['unit']} | {r['tinyamp_over_this']:.2f}x |"
+            f"| {r['benchmark']} | {r['contender']} | {r['value']:.2f} {r['unit']} | {ratio(r['tinyamp_over_this'])} |"
         )
     return "\n".join(lines)
+
+
+def bench_mixed_precision_step() -> list[dict]:
+    """The full mixed-precision step against the FP32 step, its phases, and saved bytes."""
+    x, y = mlp_step.make_data()
+    name = "MLP step, mixed precision (FP16 + FP32 master + loss scaling) vs FP32"
+    t = interleaved_medians(
+        {"mixed precision": mp_step.mixed_precision_step(x, y), "fp32": mlp_step.tinyamp_step(x, y)}, rounds=9
+    )
+    rows = [
+        row(name, "tinyamp mixed precision", "ms", 1e3 * t["mixed precision"], 1.0),
+        row(name, "tinyamp fp32", "ms", 1e3 * t["fp32"], t["mixed precision"] / t["fp32"]),
+    ]
+    for phase, ms in mp_step.time_breakdown(x, y).items():
+        rows.append(row("  where the mixed-precision step's time goes", phase, "ms", ms, float("nan")))
+    fp32_bytes, mixed_bytes = mp_step.saved_bytes(x)
+    rows.append(row("saved activation bytes (graph of the MLP output)", "fp32", "MB", fp32_bytes / 1e6, float("nan")))
+    rows.append(
+        row("saved activation bytes (graph of the MLP output)", "mixed precision", "MB", mixed_bytes / 1e6,
+            mixed_bytes / fp32_bytes)
+    )  # fmt: skip
+    return rows
 
 
 def bench_fp16_matmul() -> list[dict]:
@@ -88,7 +115,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "latest.json")
     args = parser.parse_args()
 
-    rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul()
+    rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul() + bench_mixed_precision_step()
     print(markdown_table(rows))
     meta = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine()}
     try:

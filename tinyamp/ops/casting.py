@@ -35,21 +35,27 @@ def _workers() -> int:
         return max(1, min(os.cpu_count() or 1, 8))
 
 
-def convert(x: Any, dtype: Any) -> Any:
-    """``x.astype(dtype)``, with large C-contiguous NumPy arrays split across the cores.
+def convert(x: Any, dtype: Any, out: Any = None) -> Any:
+    """``x.astype(dtype)`` (or, with `out`, that cast written into `out`), with large
+    C-contiguous NumPy arrays split across the cores.
 
     Bit-identical to ``astype``: each element is rounded by the same NumPy cast.
     """
     global _pool
     dtype = np.dtype(dtype)
-    if x.dtype == dtype:
+    if out is None and x.dtype == dtype:
         return x
     workers = _workers()
-    if not isinstance(x, np.ndarray) or x.size < PARALLEL_MIN_ELEMENTS or workers < 2 or not x.flags.c_contiguous:
-        return x.astype(dtype)
+    parallel = isinstance(x, np.ndarray) and x.size >= PARALLEL_MIN_ELEMENTS and workers >= 2
+    if not (parallel and x.flags.c_contiguous and (out is None or out.flags.c_contiguous)):
+        if out is None:
+            return x.astype(dtype)
+        out[...] = x
+        return out
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="tinyamp-cast")
-    out = np.empty(x.shape, dtype=dtype)
+    if out is None:
+        out = np.empty(x.shape, dtype=dtype)
     src, dst = x.reshape(-1), out.reshape(-1)
     bounds = np.linspace(0, src.size, workers + 1).astype(int)
     pieces = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
