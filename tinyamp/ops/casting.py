@@ -7,65 +7,28 @@ its float16 gradient back as float32.
 
 from __future__ import annotations
 
-import contextvars
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import numpy as np
 
 from tinyamp import backend, dtypes
 from tinyamp.autograd import Function
 from tinyamp.tensor import Tensor
 
-# Casting large NumPy arrays on every core.  NumPy converts float16 <-> float32 one
-# element at a time (about 1.8 ns per element to float16, 1.0 ns to float32 here, and
-# 30x more for values that are float16 subnormals), and a mixed-precision step on a
-# CPU spends most of its extra time in these casts.  A cast is independent per
-# element and NumPy releases the GIL while it runs, so halves of an array convert in
-# parallel on two cores, as sgemm already uses them.
-PARALLEL_MIN_ELEMENTS = 1 << 18
-_pool: ThreadPoolExecutor | None = None
-
-
-def _workers() -> int:
-    try:
-        return max(1, min(len(os.sched_getaffinity(0)), 8))
-    except AttributeError:  # not on Linux
-        return max(1, min(os.cpu_count() or 1, 8))
-
 
 def convert(x: Any, dtype: Any, out: Any = None) -> Any:
-    """``x.astype(dtype)`` (or, with `out`, that cast written into `out`), with large
-    C-contiguous NumPy arrays split across the cores.
+    """``x.astype(dtype)``, or that cast written into the existing array `out`.
 
-    Bit-identical to ``astype``: each element is rounded by the same NumPy cast.
+    Every cast between float widths on the hot path goes through here, so a profile
+    shows what they cost in one line.  On a CPU they are the price of mixed precision:
+    NumPy converts float16 <-> float32 one element at a time, about 1.8 ns per element
+    to float16 and 1.0 ns back (0.4 ns is a float32 multiply), and 30x more for values
+    that are float16 subnormals.  (Splitting large casts across two threads gained
+    nothing in a training step: OpenBLAS's threads keep spinning on the cores between
+    matrix products.)
     """
-    global _pool
-    dtype = np.dtype(dtype)
-    if out is None and x.dtype == dtype:
-        return x
-    workers = _workers()
-    parallel = isinstance(x, np.ndarray) and x.size >= PARALLEL_MIN_ELEMENTS and workers >= 2
-    if not (parallel and x.flags.c_contiguous and (out is None or out.flags.c_contiguous)):
-        if out is None:
-            return x.astype(dtype)
+    if out is not None:
         out[...] = x
         return out
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="tinyamp-cast")
-    if out is None:
-        out = np.empty(x.shape, dtype=dtype)
-    src, dst = x.reshape(-1), out.reshape(-1)
-    bounds = np.linspace(0, src.size, workers + 1).astype(int)
-    pieces = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    # np.errstate lives in a context variable: each piece runs in a copy of the caller's
-    # context, so an overflow warns, is ignored or raises exactly as astype's would.
-    futures = [_pool.submit(contextvars.copy_context().run, np.copyto, d, s, casting="unsafe") for d, s in pieces[1:]]
-    np.copyto(*pieces[0], casting="unsafe")
-    for f in futures:
-        f.result()
-    return out
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 # The autocast block in force (a tinyamp.amp.autocast), or None.  It lives here, with
