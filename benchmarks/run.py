@@ -61,7 +61,7 @@ def bench_op_overhead() -> list[dict]:
 
 
 def ratio(value: float) -> str:
-    return "" if value != value else f"{value:.2f}x"  # NaN (no ratio) prints as an empty cell
+    return "" if value != value else f"{value:.3g}x"  # NaN (no ratio) prints as an empty cell
 
 
 def markdown_table(rows: list[dict]) -> str:
