@@ -428,3 +428,10 @@ def tensor_core_shape_pairs(draw: Any, kind: str) -> tuple[Shape, Shape]:
 def mlp_sizes() -> SearchStrategy[list[int]]:
     """Layer sizes for tinyamp.nn.MLP: 2-4 sizes of 1..6 (one to three Linear layers)."""
     return st.lists(st.integers(1, 6), min_size=2, max_size=4)
+
+
+@st.composite
+def depth_and_segment(draw: Any, max_depth: int = 8) -> tuple[int, int]:
+    """A number of blocks and a checkpoint segment length (1..depth)."""
+    depth = draw(st.integers(1, max_depth))
+    return depth, draw(st.integers(1, depth))

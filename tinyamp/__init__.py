@@ -10,6 +10,7 @@ x.grad  # array([[2., 4.]], dtype=float32)
 from tinyamp import nn, ops, optim  # noqa: E402,I001  (they build on Tensor and the ops above)
 from tinyamp.autograd import Function, GradientError, enable_grad, is_grad_enabled, no_grad
 from tinyamp.backend import DeviceError, cuda_is_available
+from tinyamp.checkpoint import checkpoint, checkpoint_sequential
 from tinyamp.creation import arange, full, ones, rand, randn, zeros
 from tinyamp.dtypes import bool_, float16, float32, float64, int32, int64
 from tinyamp.gradcheck import gradcheck
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "tensor", "Function", "GradientError", "DeviceError",
+    "checkpoint", "checkpoint_sequential",
     "no_grad", "enable_grad", "is_grad_enabled", "cuda_is_available", "manual_seed", "gradcheck",
     "zeros", "ones", "full", "randn", "rand", "arange",
     "float16", "float32", "float64", "int32", "int64", "bool_",
