@@ -201,10 +201,10 @@ def test_a_100000_op_chain_backprops_without_recursion_error() -> None:
     for _ in range(steps):
         y = y * c + 1.0
     assert steps * 2 > sys.getrecursionlimit() * 10
+    assert len(list(ta.autograd.walk(y))) == 2 * steps
     y.sum().backward()
     # d/dx of c^n x + const is c^n; forward and backward round alike, so 1e-9 is loose
     np.testing.assert_allclose(x.grad, [c**steps], rtol=1e-9)
-    assert len(list(ta.autograd.walk(y))) == 2 * steps
 
 
 # ---- graph recording: no_grad / enable_grad -----------------------------------------------------
@@ -488,3 +488,16 @@ def test_a_retained_grad_is_writable_and_owned() -> None:
     y.grad *= 2
     np.testing.assert_array_equal(y.grad, [2.0, 2.0, 2.0])
     np.testing.assert_array_equal(x.grad, [2.0, 2.0, 2.0])
+
+
+def test_backward_releases_intermediates_that_only_the_graph_holds() -> None:
+    import weakref
+
+    x = ta.tensor(np.ones(3), requires_grad=True)
+    hidden = (x * 2.0).tanh()  # its array is saved by tanh's consumer below
+    probe = weakref.ref(hidden)
+    out = (hidden * 3.0).sum()
+    del hidden
+    assert probe() is not None  # the graph keeps it for backward
+    out.backward()
+    assert probe() is None  # released as the walk passed it

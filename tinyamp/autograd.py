@@ -234,10 +234,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         if hooks:
             for hook in hooks:
                 hook("backward", fn, input_grads)
-        if not retain_graph and fn.saved:
-            # Free what this node kept.  A node that kept nothing (an add, a cast) has
-            # nothing to lose and may be walked again, as in PyTorch.
-            fn.saved = None
+        release = not retain_graph and bool(fn.saved)
         for i, (t, gi) in enumerate(zip(fn.inputs, input_grads)):
             if gi is None or not t.requires_grad:
                 continue
@@ -248,6 +245,14 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             else:
                 previous = grads.get(parent)
                 grads[parent] = gi if previous is None else previous + gi
+        if release:
+            # Free what this node kept, and let go of its inputs: an intermediate tensor
+            # that only the graph still refers to is freed now, not when the whole graph
+            # goes, so activations are released as the walk passes them (as in PyTorch).
+            # A node that kept nothing (an add, a cast) loses nothing and may be walked
+            # again.
+            fn.saved = None
+            fn.inputs = ()
 
 
 def _accumulate_leaf(t: Tensor, g: Any, handed: set[int]) -> None:
