@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import matmul_fp16  # noqa: E402
+import memory_depth  # noqa: E402
 import mlp_step  # noqa: E402
 import mp_step  # noqa: E402
 import op_overhead  # noqa: E402
@@ -96,6 +97,28 @@ def bench_mixed_precision_step() -> list[dict]:
     return rows
 
 
+def bench_memory_by_depth(depth: int = 16) -> list[dict]:
+    """Peak step memory of a deep MLP: FP32, mixed precision, mixed + checkpointing."""
+    rows = []
+    results = {r: memory_depth.measure(depth, r) for r in ("fp32", "mixed", "mixed+checkpoint")}
+    name = f"deep MLP, depth {depth}, width {memory_depth.WIDTH}, batch {memory_depth.BATCH}"
+    for regime, m in results.items():
+        rows.append(row(f"{name}: saved activations", regime, "MB", m["saved_mb"],
+                        m["saved_mb"] / results["fp32"]["saved_mb"]))  # fmt: skip
+    for regime, m in results.items():
+        rows.append(row(f"{name}: peak step memory", regime, "MB", m["peak_mb"],
+                        m["peak_mb"] / results["fp32"]["peak_mb"]))  # fmt: skip
+    times = interleaved_medians(
+        {r: memory_depth.build(depth, r)[0] for r in ("mixed", "mixed+checkpoint")}, rounds=3, calls_per_round=1
+    )
+    rows.append(row(f"{name}: step time", "mixed", "ms", 1e3 * times["mixed"], 1.0))
+    rows.append(
+        row(f"{name}: step time", "mixed+checkpoint", "ms", 1e3 * times["mixed+checkpoint"],
+            times["mixed+checkpoint"] / times["mixed"])
+    )  # fmt: skip
+    return rows
+
+
 def bench_fp16_matmul() -> list[dict]:
     """Emulated FP16 matmul against NumPy's float16 loop (timed once: seconds) and sgemm."""
     a, b = matmul_fp16.operands()
@@ -116,6 +139,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul() + bench_mixed_precision_step()
+    rows += bench_memory_by_depth()
     print(markdown_table(rows))
     meta = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine()}
     try:
