@@ -769,10 +769,23 @@ def _multiply_(g: Any, factor: float) -> None:
             g[...] = wide
 
 
+_CHUNK = 1 << 16
+
+
 def _sum_of_squares(g: Any) -> Any:
     """sum(g^2) accumulated in float64, as a 0-d array on g's device (inf or nan if g is not finite)."""
-    flat = g.astype(np.float64).ravel()
-    return get_array_module(g).dot(flat, flat)
+    flat = g.ravel()
+    xp = get_array_module(g)
+    if xp is not np or flat.size <= _CHUNK:
+        wide = flat.astype(np.float64)
+        return xp.dot(wide, wide)
+    # On the CPU, widen a cache-sized piece at a time: a float64 copy of a whole weight
+    # gradient would be a fresh allocation of 8 bytes per element (page faults) each step.
+    total = np.zeros((), np.float64)
+    for start in range(0, flat.size, _CHUNK):
+        piece = flat[start : start + _CHUNK].astype(np.float64)
+        total += np.dot(piece, piece)
+    return total
 
 
 def _to_host(flags: list[Any], squares: list[Any]) -> tuple[list[bool], float]:
