@@ -315,3 +315,22 @@ def test_softmax_matches_torch(name: str, data: st.DataObject) -> None:
     ref.backward(torch.tensor(g))
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **EXACT)
     np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), **CLOSE)
+
+
+def test_float16_gelu_is_the_float32_gelu_rounded_once() -> None:
+    x32 = np.linspace(-6, 6, 4001, dtype=np.float32).astype(np.float16).astype(np.float32)
+    ref = ta.gelu(ta.tensor(x32, requires_grad=True))
+    ref.backward(np.ones_like(x32))
+    x16 = ta.tensor(x32.astype(np.float16), requires_grad=True)
+    out = ta.gelu(x16)
+    out.backward(np.ones(x32.shape, np.float16))
+    assert out.dtype == np.float16 and x16.grad.dtype == np.float16
+    np.testing.assert_array_equal(out.data, ref.data.astype(np.float16))
+    # backward: the float32 derivative times the widened upstream 1.0, rounded once
+    np.testing.assert_array_equal(x16.grad, _gelu_grad32(x32).astype(np.float16))
+
+
+def _gelu_grad32(x: np.ndarray) -> np.ndarray:
+    c, a = np.float32(np.sqrt(2 / np.pi)), np.float32(0.044715)
+    t = np.tanh(c * (x + a * x * x * x))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * a * x * x)

@@ -130,18 +130,29 @@ class GELU(Function):
 
     $c = \\sqrt{2/\\pi}$, $a = 0.044715$; it differs from the erf form by < 1e-3.
     $dy/dx = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2$ with $t = \\tanh(c(x + a x^3))$.
+
+    For float16/bfloat16 on NumPy the formula runs in float32 and the result is rounded
+    once (NumPy's float16 arithmetic is a scalar loop, ~17x slower), and only x is kept:
+    t is recomputed in backward, so the graph holds 2 bytes per element, not 4.
     """
 
     def forward(self, x: Any) -> Any:
-        xp = get_array_module(x)
-        t = xp.tanh(_GELU_C * (x + _GELU_A * x * x * x))
-        self.save_for_backward(x, t)
-        return 0.5 * x * (1 + t)
+        self.save_for_backward(x)
+        wide = _wide16(x)
+        t = get_array_module(x).tanh(_GELU_C * (wide + _GELU_A * wide * wide * wide))
+        return (0.5 * wide * (1 + t)).astype(x.dtype, copy=False)
 
     def backward(self, g: Any) -> tuple[Any]:
-        x, t = self.saved
-        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * x * x)
-        return (g * d,)
+        (x,) = self.saved
+        wide = _wide16(x)
+        t = get_array_module(x).tanh(_GELU_C * (wide + _GELU_A * wide * wide * wide))
+        d = 0.5 * (1 + t) + 0.5 * wide * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * wide * wide)
+        return ((_wide16(g) * d).astype(g.dtype, copy=False),)
+
+
+def _wide16(x: Any) -> Any:
+    """16-bit floats on NumPy widened to float32 (exact); anything else unchanged."""
+    return x.astype(np.float32) if bits16.is_16bit_float(x) else x
 
 
 def neg(x: Tensor) -> Tensor:
