@@ -1,42 +1,162 @@
-"""The `tinyamp` command: a real training run, and exit status 2 with a message on bad input."""
+"""The `tinyamp` command: real training runs, resuming, and exit status 2 with a message on bad input."""
 
 from __future__ import annotations
 
-import re
+import json
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tinyamp as ta
+from tinyamp.amp.training_state import read_checkpoint
 from tinyamp.cli import main
+from tinyamp.experiments import figures
 
 
-def test_train_fits_the_spiral(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--quiet", "--steps", "600"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    accuracy = float(re.search(r"accuracy ([\d.]+)%", line).group(1))
-    assert accuracy > 90.0, line  # a linear model stays near 1/3 on three spiral arms
+def test_train_learns_the_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--quiet", "--steps", "150", "--precision", "mixed"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[0] == "mixed"
+    accuracy = float(row[2].rstrip("%"))
+    assert accuracy > 85.0, row  # chance is 10%
 
 
-def test_info_names_numpy_and_the_gpu_status(capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_shows_a_progress_bar_unless_quiet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--steps", "20", "--precision", "fp32"]) == 0
+    captured = capsys.readouterr()
+    assert "mlp fp32" in captured.err and "/20" in captured.err  # tqdm writes to stderr
+    assert main(["train", "--steps", "20", "--precision", "fp32", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_train_the_transformer(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--model", "transformer", "--steps", "3", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("mixed")
+
+
+def test_info_prints_versions_formats_policy_and_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "numpy" in out and "gpu" in out
+    for word in ("numpy", "gpu", "float16", "65504", "layer_norm", "pytorch", "chainer"):
+        assert word in out, word
 
 
+def test_python_dash_m_tinyamp_runs_the_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "tinyamp", "info"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "float16" in done.stdout
+
+
+# ---- --out and --resume ----------------------------------------------------------------------------
+def model_weights(path: Path) -> dict[str, np.ndarray]:
+    return read_checkpoint(path)["model"]
+
+
+def test_out_writes_results_figures_and_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--steps", "30", "--quiet", "--out", str(tmp_path / "run")]) == 0
+    run = tmp_path / "run"
+    doc = json.loads((run / "results.json").read_text())
+    result = doc["tasks"]["mlp"]["regimes"]["mixed"]
+    assert len(result["series"]["loss"]) == 30 and result["scaler"] == "pytorch"
+    assert (run / "checkpoint.npz").is_file()
+    if figures.matplotlib_available():
+        assert (run / "mlp_loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]
+
+
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path: Path) -> None:
+    common = ["train", "--quiet", "--precision", "mixed", "--schedule", "constant"]
+    assert main([*common, "--steps", "40", "--out", str(tmp_path / "straight")]) == 0
+    assert main([*common, "--steps", "20", "--out", str(tmp_path / "first")]) == 0
+    resume = ["train", "--quiet", "--resume", str(tmp_path / "first" / "checkpoint.npz"), "--steps", "40"]
+    assert main([*resume, "--out", str(tmp_path / "second")]) == 0
+    straight, resumed = (model_weights(tmp_path / d / "checkpoint.npz") for d in ("straight", "second"))
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert np.array_equal(straight[name], resumed[name]), name
+    doc = json.loads((tmp_path / "second" / "results.json").read_text())
+    assert doc["config"]["resumed_from"] == 20
+
+
+def test_resume_refuses_different_settings_and_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--quiet", "--steps", "5", "--out", str(tmp_path)]) == 0
+    checkpoint = str(tmp_path / "checkpoint.npz")
+    capsys.readouterr()
+    assert main(["train", "--resume", checkpoint, "--precision", "fp16", "--steps", "10"]) == 2
+    assert "--precision" in capsys.readouterr().err
+    assert main(["train", "--resume", checkpoint, "--steps", "5"]) == 2
+    assert "already trained 5 steps" in capsys.readouterr().err
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(Path(checkpoint).read_bytes()[:200])  # a truncated download
+    assert main(["train", "--resume", str(corrupt)]) == 2
+    assert "checkpoint" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "missing.npz")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
 @pytest.mark.skipif(ta.cuda_is_available(), reason="a GPU is present")
-def test_cuda_without_a_gpu_exits_2_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--device", "cuda"]) == 2
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_cuda_without_a_gpu_exits_2_and_says_why(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--device", "cuda"]) == 2
     assert "cuda" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--batch-size", "-1"], ["--device", "tpu"]])
-def test_bad_numbers_and_devices_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--batch-size", "-1"], ["--lr", "0"], ["--steps", "-3"]])
+def test_bad_numbers_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", *args]) == 2
     assert "error" in capsys.readouterr().err
 
 
-def test_unknown_model_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value", "listed"),
+    [
+        ("--model", "resnet", "transformer"),
+        ("--precision", "fp8", "fp16-master"),
+        ("--scaler", "torch", "chainer"),
+        ("--device", "tpu", "cuda"),
+    ],
+)
+def test_unknown_choices_list_the_valid_ones(
+    flag: str, value: str, listed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["train", "--model", "resnet"])
+        main(["train", flag, value])
     assert exc.value.code == 2
-    assert "mlp" in capsys.readouterr().err
+    assert listed in capsys.readouterr().err
+
+
+def test_an_output_folder_that_cannot_be_written_exits_2_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a folder")
+    for out in (a_file, a_file / "run"):
+        assert main(["train", "--quiet", "--steps", "100000", "--out", str(out)]) == 2  # fails fast
+        assert str(out) in capsys.readouterr().err
+    assert main(["demo", "--quiet", "--out", str(a_file)]) == 2
+
+
+def test_a_failure_while_writing_leaves_nothing_half_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(document: dict, folder: Path) -> list[Path]:
+        (folder / "mlp_loss.png").write_bytes(b"\x89PNG half")
+        raise RuntimeError("the disk is full")
+
+    monkeypatch.setattr(figures, "matplotlib_available", lambda: True)
+    monkeypatch.setattr(figures, "write_figures", broken)
+    with pytest.raises(RuntimeError):
+        main(["train", "--quiet", "--steps", "5", "--out", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []  # no results.json, no checkpoint, no half figure, no temp folder
+
+
+def test_without_matplotlib_results_are_written_and_figures_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(figures, "matplotlib_available", lambda: False)
+    assert main(["train", "--quiet", "--steps", "5", "--out", str(tmp_path)]) == 0
+    assert "figures skipped" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz", "results.json"]

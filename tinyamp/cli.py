@@ -1,110 +1,381 @@
-"""The ``tinyamp`` command.
+"""The ``tinyamp`` command (also ``python -m tinyamp``).
 
-    tinyamp info                 versions, backends, GPU
-    tinyamp train [options]      train a model and print its loss and accuracy
+    tinyamp demo                 the digits MLP in FP32, naive FP16 and mixed precision, side by side,
+                                 then a char-level transformer in FP32 and mixed (about a minute on a CPU)
+    tinyamp train [options]      one model in one precision; --out DIR writes results.json, figures
+                                 and a checkpoint that --resume continues from
+    tinyamp info                 versions, backends, GPU, the FP16/BF16/FP32 formats, the autocast
+                                 op policy and the loss-scaler presets
 
-Bad input exits with status 2 and a message that says what to type instead.
+Bad input exits with status 2 and a message that says what to type instead; a failed
+run leaves nothing half-written in the output folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-MODELS = ("mlp",)
+MODELS = ("mlp", "transformer")
+PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
+SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
+SCHEDULES = ("cosine", "constant")
+DEVICES = ("cpu", "cuda")
+
+# The demo's sizes: about a minute on two CPU cores (see README, "The demo").
+DEMO_MLP_STEPS = 1500
+DEMO_TRANSFORMER_STEPS = 150
+TRANSFORMER_TOLERANCE = 0.05  # nats: how close mixed precision's validation loss must come to FP32's
+
+
+class UsageError(Exception):
+    """Bad input found after parsing: printed as ``tinyamp: error: ...``, exit status 2."""
+
+
+# ---- tinyamp info --------------------------------------------------------------------------------
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return "not installed"
 
 
 def info() -> int:
-    """Print versions and which backends this machine has."""
+    """Print versions, backends, the GPU, the number formats, the op policy and the scaler presets."""
     import tinyamp
     from tinyamp import backend
+    from tinyamp.amp import format_policy, formats, presets_table
 
-    print(f"tinyamp {tinyamp.__version__}")
-    print(f"python  {platform.python_version()} ({platform.machine()})")
-    print(f"numpy   {np.__version__}")
+    print(f"tinyamp     {tinyamp.__version__}")
+    print(f"python      {platform.python_version()} ({platform.machine()})")
+    print(f"numpy       {np.__version__}   (backend for device='cpu')")
+    print(f"ml_dtypes   {_version('ml_dtypes')}   (bfloat16 and float8 on NumPy)")
+    print(f"tqdm        {_version('tqdm')}   (progress bars)")
+    print(f"matplotlib  {_version('matplotlib')}   (figures: pip install 'tinyamp[plots]')")
     try:
         import cupy
 
-        print(f"cupy    {cupy.__version__}")
+        print(f"cupy        {cupy.__version__}   (backend for device='cuda')")
     except ImportError:
-        print("cupy    not installed (pip install 'tinyamp[cuda12]' for an NVIDIA GPU)")
+        print("cupy        not installed (pip install 'tinyamp[cuda12]' for an NVIDIA GPU)")
     if backend.cuda_is_available():
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
-        print(f"gpu     {props['name'].decode()} ({props['totalGlobalMem'] / 2**30:.0f} GiB)")
+        print(f"gpu         {props['name'].decode()} ({props['totalGlobalMem'] / 2**30:.0f} GiB)")
     else:
-        print("gpu     none found: device='cuda' is unavailable, tinyamp runs on the CPU")
+        print("gpu         none found: device='cuda' is unavailable, tinyamp runs on the CPU")
+    print("\nFloating-point formats (tinyamp.amp.formats.format_table())")
+    print(formats.format_table())
+    print("\nautocast op policy (tinyamp.amp.format_policy())")
+    print(format_policy())
+    print("\nLoss-scaler presets (tinyamp.amp.presets_table())")
+    print(presets_table())
     return 0
+
+
+# ---- shared pieces ------------------------------------------------------------------------------------
+def _progress(quiet: bool) -> Callable[..., Any] | None:
+    """tqdm's bar class (imported only when a bar is shown), or None for --quiet."""
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # a dependency, but a missing bar should not stop a run
+        return None
+
+    def bar(**kwargs: Any) -> Any:
+        return tqdm(**kwargs, leave=False, dynamic_ncols=True, file=sys.stderr)
+
+    return bar
+
+
+def _check_device(device: str) -> None:
+    from tinyamp.backend import DeviceError, array_module, check_device
+
+    try:
+        check_device(device)
+        if device != "cpu":
+            array_module(device)
+    except DeviceError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _check_positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
+
+
+def _check_precision(precision: str) -> None:
+    from tinyamp.experiments.regimes import REGIMES, bfloat16_available
+
+    if REGIMES[precision].weights == "bfloat16" and not bfloat16_available():
+        raise UsageError(f"--precision {precision} needs the optional package ml_dtypes: pip install ml_dtypes")
+
+
+def _write_outputs(out: Any, document: dict[str, Any], save: Callable[[Path], None] | None = None) -> list[str]:
+    """results.json, the figures (when matplotlib is installed) and a checkpoint, moved into place together."""
+    from tinyamp.experiments import figures
+    from tinyamp.experiments.results import write_json
+
+    with out as tmp:
+        written = [write_json(document, tmp).name]
+        if save is not None:
+            save(tmp)
+            written.append("checkpoint.npz")
+        if figures.matplotlib_available():
+            written += [p.name for p in figures.write_figures(document, tmp)]
+        else:
+            print("figures skipped: matplotlib is not installed (pip install 'tinyamp[plots]')")
+    return written
+
+
+# ---- tinyamp demo --------------------------------------------------------------------------------
+def demo(args: argparse.Namespace) -> int:
+    """Train the digits MLP in every regime and the transformer in FP32 and mixed; print the tables."""
+    from tinyamp.experiments.regimes import REGIMES
+    from tinyamp.experiments.results import OutputFolder, footnotes, format_table, results_document
+    from tinyamp.experiments.runner import demo_regimes, run_all
+    from tinyamp.experiments.tasks import CharTransformer, DigitsMLP
+
+    _check_positive(args, "steps")
+    if args.transformer_steps < 0:
+        raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or more; got {args.transformer_steps}")
+    _check_device(args.device)
+    out = OutputFolder(args.out) if args.out else None
+    if out is not None:
+        out.check()
+    progress = _progress(args.quiet)
+    began = time.perf_counter()
+    regimes = demo_regimes()
+    mlp = DigitsMLP(seed=args.seed, device=args.device)
+    print(
+        f"Digits MLP 64-{'-'.join(map(str, mlp.hidden))}-10, {args.steps} steps of SGD (momentum {mlp.momentum}, "
+        f"lr {mlp.lr} with cosine decay), batch {mlp.batch_size}, seed {args.seed}; same initial weights and "
+        "batches in every regime:"
+    )
+    for name in regimes:
+        print(f"  {name:<12} {REGIMES[name].summary}")
+    mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress)
+    print()
+    print(format_table(mlp_results))
+    print(footnotes())
+    print()
+    print(_mlp_verdict({r.regime: r for r in mlp_results}))
+    document = results_document({"mlp": (mlp, mlp_results)}, {"command": "demo", "seed": args.seed})
+    if args.transformer_steps:
+        chars = CharTransformer(seed=args.seed, device=args.device)
+        print(
+            f"\nChar transformer ({chars.layers} layers, dim {chars.dim}, context {chars.block_size}) on Python "
+            f"source, {args.transformer_steps} steps of Adam (lr {chars.lr}, cosine), batch {chars.batch_size}:"
+        )
+        tr_results = run_all(chars, ["fp32", "mixed"], args.transformer_steps, measure_every=25, progress=progress)
+        print()
+        print(format_table(tr_results))
+        fp32, mixed = (r.metrics["val_loss"] for r in tr_results)
+        verdict = "within" if abs(mixed - fp32) <= TRANSFORMER_TOLERANCE else "NOT within"
+        print(
+            f"\nmixed precision's validation loss {mixed:.4f} is {verdict} {TRANSFORMER_TOLERANCE} nats of FP32's "
+            f"{fp32:.4f}."
+        )
+        document = results_document(
+            {"mlp": (mlp, mlp_results), "transformer": (chars, tr_results)}, {"command": "demo", "seed": args.seed}
+        )
+    document["config"]["seconds"] = time.perf_counter() - began
+    if out is not None:
+        written = _write_outputs(out, document)
+        print(f"\nwrote {', '.join(written)} to {out.path}")
+    print(f"\ndemo took {time.perf_counter() - began:.0f} s")
+    return 0
+
+
+def _mlp_verdict(r: dict[str, Any]) -> str:
+    """A few sentences that read the MLP table, computed from it."""
+    lines = []
+
+    def loss_ratio(a: str, b: str) -> float:
+        return r[a].metrics["train_loss"] / r[b].metrics["train_loss"]
+
+    if "fp32" in r and "mixed" in r:
+        gap = 100 * (r["mixed"].metrics["accuracy"] - r["fp32"].metrics["accuracy"])
+        lines.append(
+            f"mixed: test accuracy {abs(gap):.2f} points {'above' if gap > 0 else 'below'} FP32's "
+            f"({'within' if abs(gap) <= 1.0 else 'NOT within'} 1 point), training loss "
+            f"{loss_ratio('mixed', 'fp32'):.2f}x FP32's: the masters keep the small updates, the loss scale "
+            "keeps the small gradients."
+        )
+    if "fp16" in r and "mixed" in r and r["fp16"].lost_update_fraction is not None:
+        lines.append(
+            f"fp16: {100 * r['fp16'].lost_update_fraction:.0f}% of its updates were lost (below half an ulp of "
+            f"their weight, they round away), so its training loss ends {loss_ratio('fp16', 'mixed'):.2f}x mixed's."
+        )
+    if "fp16-master" in r and "mixed" in r and r["fp16-master"].underflow_fraction is not None:
+        lines.append(
+            f"fp16-master: without loss scaling {100 * r['fp16-master'].underflow_fraction:.0f}% of the gradient "
+            f"values are 0 in FP16 at the end (mixed: {100 * r['mixed'].underflow_fraction:.1f}%); its training "
+            f"loss is {loss_ratio('fp16-master', 'mixed'):.2f}x mixed's: on this model the values that vanish "
+            "are the smallest, and carry little of the update (README, 'The demo')."
+        )
+    return "\n".join(lines)
+
+
+# ---- tinyamp train -------------------------------------------------------------------------------
+def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings saved in a --resume checkpoint, checked against the command line."""
+    from tinyamp.amp import CheckpointError
+    from tinyamp.amp.training_state import read_checkpoint
+
+    try:
+        extra = read_checkpoint(args.resume)["extra"]
+    except FileNotFoundError as exc:
+        raise UsageError(f"--resume {args.resume}: no such file") from exc
+    except (CheckpointError, OSError) as exc:
+        raise UsageError(f"--resume: {exc}") from exc
+    if not isinstance(extra, dict) or "train" not in extra:
+        raise UsageError(f"--resume {args.resume}: this checkpoint was not written by `tinyamp train`")
+    saved = extra["train"]
+    for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
+        given = getattr(args, key)
+        if given is not None and given != saved[key]:
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(
+                f"{flag} {given} differs from the checkpoint's {flag} {saved[key]}: a resumed run keeps its "
+                f"settings; leave out {flag}"
+            )
+        setattr(args, key, saved[key])
+    if saved["step"] >= args.steps:
+        raise UsageError(
+            f"the checkpoint has already trained {saved['step']} steps; --steps is the total, pass more than that"
+        )
+    return saved
 
 
 def train(args: argparse.Namespace) -> int:
-    """Train an MLP in FP32 on the spiral dataset with SGD and report loss and accuracy."""
-    import tinyamp as ta
-    from tinyamp import nn, optim
-    from tinyamp.data import spiral
+    """Train one model in one precision; print the result; with --out write results, figures, a checkpoint."""
+    from tinyamp.amp import CheckpointError, load_checkpoint, save_checkpoint
+    from tinyamp.experiments.regimes import REGIMES, build
+    from tinyamp.experiments.results import OutputFolder, footnotes, format_table, results_document
+    from tinyamp.experiments.runner import run_regime
+    from tinyamp.experiments.tasks import TASKS
 
-    ta.manual_seed(args.seed)
-    x, y = spiral(seed=args.seed)
-    model = nn.MLP([2, args.hidden, args.hidden, 3]).to(args.device)
-    opt = optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    xs, ys = ta.tensor(x, device=args.device), ta.tensor(y, device=args.device)
-    order = np.random.default_rng(args.seed)
-    start = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        batch = order.integers(0, len(y), size=args.batch_size)
-        loss = ta.cross_entropy(model(xs[batch]), ys[batch])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if not args.quiet and (step % max(args.steps // 10, 1) == 0 or step == 1):
-            print(f"step {step:5d}  loss {loss.item():.4f}")
-    elapsed = time.perf_counter() - start
-    with ta.no_grad():
-        logits = model(xs)
-        final = ta.cross_entropy(logits, ys).item()
-        accuracy = float((logits.numpy().argmax(axis=1) == y).mean())
-    print(f"final loss {final:.4f}  accuracy {100 * accuracy:.1f}%  ({1e3 * elapsed / args.steps:.2f} ms/step)")
+    _check_positive(args, "steps", "batch_size")
+    if args.lr is not None and not args.lr > 0:
+        raise UsageError(f"--lr must be greater than 0; got {args.lr}")
+    _check_device(args.device)
+    saved = _read_resume(args) if args.resume else None
+    args.model = args.model or "mlp"
+    args.precision = args.precision or "mixed"
+    args.seed = 0 if args.seed is None else args.seed
+    _check_precision(args.precision)
+    out = OutputFolder(args.out) if args.out else None
+    if out is not None:
+        out.check()
+    overrides = {k: getattr(args, k) for k in ("batch_size", "lr", "schedule") if getattr(args, k) is not None}
+    task = TASKS[args.model](seed=args.seed, device=args.device, **overrides)
+    regime = REGIMES[args.precision]
+    scaler = args.scaler or regime.scaler
+    setup, start = None, 0
+    if saved is not None:
+        setup = build(regime, task.make_model(), task.make_optimizer, scaler)
+        try:
+            load_checkpoint(args.resume, setup.model, setup.optimizer, setup.scaler)
+        except CheckpointError as exc:
+            raise UsageError(f"--resume: {exc}") from exc
+        start = saved["step"]
+    if not args.quiet:
+        resumed = f", resumed at step {start}" if start else ""
+        print(
+            f"{task.name} in {args.precision} ({regime.summary}), loss scaler {scaler}: {args.steps} steps, "
+            f"batch {task.batch_size}, lr {task.lr} ({task.schedule}), seed {args.seed}, {args.device}{resumed}"
+        )
+    result, setup = run_regime(task, args.precision, args.steps, scaler, setup=setup, start=start,
+                               progress=_progress(args.quiet))  # fmt: skip
+    print(format_table([result]))
+    if not args.quiet:
+        print(footnotes())
+    if out is not None:
+        document = results_document({task.name: (task, [result])}, {"command": "train", "resumed_from": start})
+        settings = {
+            "model": args.model, "precision": args.precision, "scaler": scaler, "batch_size": task.batch_size,
+            "lr": task.lr, "seed": args.seed, "schedule": task.schedule, "step": args.steps,
+        }  # fmt: skip
+
+        def save(folder: Path) -> None:
+            save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, {"train": settings})
+
+        written = _write_outputs(out, document, save)
+        print(f"wrote {', '.join(written)} to {out.path}")
     return 0
 
 
+# ---- the parser -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``tinyamp`` command."""
     parser = argparse.ArgumentParser(prog="tinyamp", description="Mixed-precision training you can read.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, backends and GPU")
-    t = sub.add_parser("train", help="train a model (FP32 MLP on the spiral dataset)")
-    t.add_argument("--model", choices=MODELS, default="mlp")
-    t.add_argument("--steps", type=int, default=2000)
-    t.add_argument("--batch-size", type=int, default=64)
-    t.add_argument("--lr", type=float, default=0.1)
-    t.add_argument("--hidden", type=int, default=64)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", default="cpu", help="cpu or cuda")
-    t.add_argument("--quiet", action="store_true", help="print only the final line")
+    sub.add_parser("info", help="versions, backends, GPU, number formats, op policy, scaler presets")
+
+    d = sub.add_parser("demo", help="FP32, naive FP16 and mixed precision side by side (about a minute on a CPU)")
+    d.add_argument("--steps", type=int, default=DEMO_MLP_STEPS, help=f"MLP steps (default {DEMO_MLP_STEPS})")
+    d.add_argument("--transformer-steps", type=int, default=DEMO_TRANSFORMER_STEPS,
+                   help=f"char-transformer steps, 0 to skip it (default {DEMO_TRANSFORMER_STEPS})")  # fmt: skip
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--device", choices=DEVICES, default="cpu")
+    d.add_argument("--out", metavar="DIR", help="write results.json and PNG figures into DIR")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    t = sub.add_parser("train", help="train one model in one precision")
+    t.add_argument("--model", choices=MODELS, help="mlp (8x8 digits, default) or transformer (Python source)")
+    t.add_argument("--precision", choices=PRECISIONS, help="default mixed")
+    t.add_argument(
+        "--scaler",
+        choices=SCALERS,
+        help="loss-scaler preset (default: pytorch for mixed, off otherwise; static is a constant 2^10)",
+    )
+    t.add_argument("--steps", type=int, default=1500, help="total training steps (default 1500)")
+    t.add_argument("--batch-size", type=int, help="default 128 (mlp), 32 (transformer)")
+    t.add_argument("--lr", type=float, help="learning rate (default 0.05 SGD for mlp, 0.003 Adam for transformer)")
+    t.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule over --steps (default cosine)")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--device", choices=DEVICES, default="cpu", help="cuda needs CuPy and an NVIDIA GPU")
+    t.add_argument("--out", metavar="DIR", help="write results.json, PNG figures and checkpoint.npz into DIR")
+    t.add_argument("--resume", metavar="CHECKPOINT", help="continue a run from its checkpoint.npz")
+    t.add_argument("--quiet", action="store_true", help="no progress bar, only the result table")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; return its exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
-    if args.command == "info":
-        return info()
-    from tinyamp.backend import DeviceError, check_device
-
     try:
-        check_device(args.device)
-        if args.device != "cpu":
-            from tinyamp.backend import array_module
-
-            array_module(args.device)
-    except DeviceError as exc:
+        if args.command == "info":
+            return info()
+        if args.command == "demo":
+            return demo(args)
+        return train(args)
+    except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
+        return 0
+    except UsageError as exc:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
-    for name in ("steps", "batch_size", "hidden"):
-        if getattr(args, name) < 1:
-            print(f"tinyamp: error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
-            return 2
-    return train(args)
+    except OSError as exc:  # an output folder that cannot be written, a disk that fills up
+        print(f"tinyamp: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""`tinyamp demo` at a reduced size: the structure of results.json and the directions of the effects.
+
+The demo trains the digits MLP from one seed in every regime; the checks here are the
+claims the README makes about it, as inequalities (never exact numbers):
+
+* without master weights, most updates are lost and the training loss ends higher;
+* without loss scaling, far more gradient values underflow to 0 than with it;
+* mixed precision ends within 1 accuracy point of FP32, with half the saved bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinyamp as ta
+from tinyamp import nn, optim
+from tinyamp.amp import MasterWeights
+from tinyamp.cli import main
+from tinyamp.experiments import measure
+from tinyamp.experiments.figures import matplotlib_available
+from tinyamp.experiments.regimes import bfloat16_available
+
+STEPS = 300  # a fifth of the demo: the loss is low enough by then for FP16 gradients to underflow
+TRANSFORMER_STEPS = 4
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
+    out = tmp_path_factory.mktemp("demo")
+    argv = ["demo", "--steps", str(STEPS), "--transformer-steps", str(TRANSFORMER_STEPS), "--out", str(out), "--quiet"]
+    printed = io.StringIO()  # (capsys is function-scoped; this fixture runs once for the module)
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    return json.loads((out / "results.json").read_text()), printed.getvalue(), out
+
+
+def regimes(doc: dict, task: str = "mlp") -> dict:
+    return doc["tasks"][task]["regimes"]
+
+
+def test_results_json_has_every_number_of_the_table_per_regime_and_per_step(demo_run: tuple) -> None:
+    doc, _, _ = demo_run
+    assert doc["schema"] == "tinyamp-results/1"
+    expected = ["fp32", "fp16", "fp16-master", "mixed"] + (["bf16-mixed"] if bfloat16_available() else [])
+    assert list(regimes(doc)) == expected
+    assert list(regimes(doc, "transformer")) == ["fp32", "mixed"]
+    for name, r in regimes(doc).items():
+        assert set(r["metrics"]) == {"train_loss", "test_loss", "accuracy"}
+        assert 0.0 <= r["metrics"]["accuracy"] <= 1.0
+        assert isinstance(r["skipped_steps"], int) and r["final_scale"] > 0
+        assert r["saved_bytes"] > 0 and r["ms_per_step"] > 0
+        for key in ("loss", "scale", "skipped", "lr"):
+            assert len(r["series"][key]) == STEPS, (name, key)
+        measured = r["measured"]
+        assert len({len(v) for v in measured.values()}) == 1 and measured["step"][-1] == STEPS - 1
+        assert len(r["histogram"]["unscaled"]) == len(r["histogram"]["log2_bins"])
+        if name == "fp32":
+            assert r["underflow_fraction"] is None and r["lost_update_fraction"] is None
+        else:
+            assert 0.0 <= r["underflow_fraction"] <= 1.0 and 0.0 <= r["lost_update_fraction"] <= 1.0
+    for r in regimes(doc, "transformer").values():
+        assert math.isfinite(r["metrics"]["val_loss"]) and len(r["series"]["loss"]) == TRANSFORMER_STEPS
+
+
+def test_without_master_weights_updates_are_lost_and_the_loss_ends_higher(demo_run: tuple) -> None:
+    r = regimes(demo_run[0])
+    assert r["fp16"]["lost_update_fraction"] > 0.3
+    assert r["fp16"]["metrics"]["train_loss"] > r["mixed"]["metrics"]["train_loss"]
+    # with masters the same updates are kept: the loss follows FP32's
+    assert r["fp16-master"]["metrics"]["train_loss"] == pytest.approx(r["fp32"]["metrics"]["train_loss"], rel=0.01)
+
+
+def test_without_loss_scaling_far_more_gradients_underflow(demo_run: tuple) -> None:
+    r = regimes(demo_run[0])
+    assert r["fp16-master"]["underflow_fraction"] > 0.01
+    assert r["fp16-master"]["underflow_fraction"] > 10 * r["mixed"]["underflow_fraction"]
+    assert r["mixed"]["final_scale"] > 1 and r["fp16-master"]["final_scale"] == 1
+
+
+def test_mixed_precision_is_within_one_point_of_fp32_with_half_the_saved_bytes(demo_run: tuple) -> None:
+    r = regimes(demo_run[0])
+    assert abs(r["mixed"]["metrics"]["accuracy"] - r["fp32"]["metrics"]["accuracy"]) <= 0.01
+    assert r["mixed"]["saved_bytes"] < 0.6 * r["fp32"]["saved_bytes"]
+
+
+def test_the_printed_table_names_every_regime_and_defines_its_columns(demo_run: tuple) -> None:
+    _, printed, _ = demo_run
+    for name in ("fp32", "fp16", "fp16-master", "mixed", "underflow@end", "lost upd."):
+        assert name in printed
+    assert "2^-25" in printed and "within 1 point" in printed
+
+
+def test_figures_are_png_files(demo_run: tuple) -> None:
+    if not matplotlib_available():
+        pytest.skip("matplotlib is not installed")
+    out = demo_run[2]
+    for task in ("mlp", "transformer"):
+        for kind in ("loss", "loss_scale", "measured", "gradients"):
+            path = out / f"{task}_{kind}.png"
+            assert path.read_bytes()[:8] == PNG_MAGIC, path
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary leftovers
+
+
+# ---- the two measurements, on cases small enough to check by hand -------------------------------
+def test_underflow_fraction_counts_values_at_or_below_half_the_smallest_subnormal() -> None:
+    g = np.array([2.0**-26, 2.0**-25, 2.0**-24, 1e-3, 0.0])  # the 0 is not counted: nothing to lose
+    assert measure.underflow_fraction(g) == 0.5  # 2^-26 and 2^-25 (a tie, to even: 0) vanish
+    assert measure.underflow_fraction(g, scale=2.0**10) == 0.0
+
+
+def test_lost_update_meter_agrees_with_master_weights() -> None:
+    """Plain SGD on FP16 weights loses exactly the updates MasterWeights says FP16 would lose."""
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.5, 2.0, 64).astype(np.float16)  # ulp/2 is 2^-12..2^-10 here
+    g = np.where(np.arange(64) % 2 == 0, 1e-2, 1e-5).astype(np.float32)  # updates of 1e-3 (kept), 1e-6 (lost)
+    plain = ta.tensor(w, requires_grad=True)
+    opt = optim.SGD([plain], lr=0.1)
+    meter = measure.LostUpdateMeter(opt)
+    plain.grad = g.astype(np.float16)
+    meter.before_step()
+    opt.step()
+    changed, lost = meter.after_step(skipped=False)
+
+    model = nn.Linear(64, 1)
+    model.weight.data = w.reshape(1, 64).copy()
+    model.half()
+    masters = MasterWeights(optim.SGD([model.weight], lr=0.1))
+    model.weight.grad = g.reshape(1, 64).astype(np.float16)
+    masters.step()
+    record = masters.history[-1]
+    assert (changed, lost) == (record.changed, record.lost) == (64, 32)

@@ -1,0 +1,158 @@
+"""Train one task in one regime, measuring as it goes; or in every regime, for the demo.
+
+The loop is the one in README's "Mixed precision, in the open", plus measurements:
+
+* every step: the loss, the loss scale, whether the step was skipped;
+* every ``measure_every`` steps (and the last): the share of updates lost in 16 bits,
+  and the share of the true (FP32) gradient that FP16 would flush to zero at the
+  regime's loss scale (see ``tinyamp.experiments.measure``).  Those steps are not timed;
+* at the first step: the bytes the graph keeps for backward;
+* at the end: the task's scores, and a histogram of log2|gradient|.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from tinyamp.amp import MasterWeights
+from tinyamp.experiments import measure
+from tinyamp.experiments.regimes import REGIMES, Setup, bfloat16_available, build
+from tinyamp.experiments.results import RegimeResult
+from tinyamp.inspect import saved_tensors
+from tinyamp.nn.module import Module
+
+LATE = 0.1  # "late in training": the last 10% of the steps
+
+
+def set_lr(setup: Setup, lr: float) -> None:
+    """Change the learning rate of the optimizer (inside MasterWeights, if any)."""
+    opt = setup.optimizer.optimizer if isinstance(setup.optimizer, MasterWeights) else setup.optimizer
+    opt.lr = lr
+
+
+def load_widened(reference: Module, model: Module) -> Module:
+    """Load `model`'s weights, widened exactly to float32, into the float32 model `reference`."""
+    reference.load_state_dict({k: v.astype(np.float32) for k, v in model.state_dict().items()})
+    return reference
+
+
+def demo_regimes() -> list[str]:
+    """The regimes the demo compares: all of them, bf16-mixed when ml_dtypes is installed."""
+    return [name for name in REGIMES if name != "bf16-mixed" or bfloat16_available()]
+
+
+def run_regime(
+    task: Any,
+    regime: str,
+    steps: int,
+    scaler: str | None = None,
+    measure_every: int = 10,
+    progress: Callable[..., Any] | None = None,
+    setup: Setup | None = None,
+    start: int = 0,
+) -> tuple[RegimeResult, Setup]:
+    """Train `task` in `regime` for `steps` steps (from step `start` of a resumed `setup`).
+
+    `progress`, when given, is a tqdm-like class: ``progress(total=..., desc=...)``.
+    Returns the result and the Setup (whose model, optimizer and scaler a checkpoint saves).
+    """
+    spec = REGIMES[regime]
+    if setup is None:
+        setup = build(spec, task.make_model(), task.make_optimizer, scaler)
+    reference = copy.deepcopy(setup.model).float()  # for the true (FP32) gradients; reloaded when measuring
+    fmt = spec.low_precision or "float16"  # FP32's row shows nothing; the census still runs on it for the figure
+    series: dict[str, list[Any]] = {"loss": [], "scale": [], "skipped": [], "lr": []}
+    measured: dict[str, list[Any]] = {"step": [], "changed": [], "lost": [], "underflow_fraction": []}
+    saved = None
+    timed, timed_steps = 0.0, 0
+    grads, scale = np.zeros(0), 1.0
+    began = time.perf_counter()
+    bar = progress(total=steps, initial=start, desc=f"{task.name} {regime}") if progress else None
+    batches = task.batches(start=start)
+    for step in range(start, steps):
+        batch = next(batches)
+        lr = task.lr_at(step, steps)
+        set_lr(setup, lr)
+        is_measured = (step - start) % measure_every == 0 or step == steps - 1
+        if is_measured:
+            grads = measure.fp32_gradients(load_widened(reference, setup.model), lambda m, b=batch: task.loss(m, b))
+            scale = setup.scaler.scale  # the scale this step's loss is multiplied by
+        inspect = None
+        if saved is None:
+
+            def inspect(loss: Any) -> None:
+                nonlocal saved
+                saved = saved_tensors(loss)
+
+        t0 = time.perf_counter()
+        loss, report, counts = setup.step(lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect)
+        if not is_measured and inspect is None:
+            timed += time.perf_counter() - t0
+            timed_steps += 1
+        series["loss"].append(loss)
+        series["scale"].append(report.scale_before)
+        series["skipped"].append(report.skipped)
+        series["lr"].append(lr)
+        if is_measured:
+            measured["step"].append(step)
+            measured["changed"].append(None if counts is None else counts[0])
+            measured["lost"].append(None if counts is None else counts[1])
+            measured["underflow_fraction"].append(measure.underflow_fraction(grads, scale, fmt))
+        if bar is not None:
+            bar.update(1)
+            if step % 10 == 0 or step == steps - 1:
+                bar.set_postfix(loss=f"{loss:.4f}", scale=f"{setup.scaler.scale:g}", refresh=False)
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - began
+    metrics = task.evaluate(setup.model, setup.autocast)
+    late = max(start, steps - max(1, int(round(LATE * (steps - start)))))
+    result = RegimeResult(
+        regime=regime,
+        task=task.name,
+        scaler=scaler or spec.scaler,
+        steps=steps,
+        metrics=metrics,
+        skipped_steps=int(sum(series["skipped"])),
+        final_scale=setup.scaler.scale,
+        underflow_fraction=None if spec.low_precision is None else _late_mean(measured, "underflow_fraction", late),
+        lost_update_fraction=None if spec.weights == "float32" else _pooled_lost(measured),
+        saved_bytes=0 if saved is None else saved.total_bytes,
+        saved_bytes_by_kind={} if saved is None else saved.bytes_by_kind(),
+        ms_per_step=1e3 * timed / timed_steps if timed_steps else float("nan"),
+        seconds=seconds,
+        series=series,
+        measured=measured,
+        histogram={
+            "log2_bins": measure.LOG2_BINS.tolist(),
+            "scale": scale,  # the scale of the last step, the one these gradients were measured at
+            "unscaled": measure.log2_histogram(grads),
+            "scaled": measure.log2_histogram(grads, scale),
+            "zeros": int(np.count_nonzero(grads == 0)),
+        },
+    )
+    return result, setup
+
+
+def _late_mean(measured: dict[str, list[Any]], key: str, late: int) -> float:
+    values = [v for s, v in zip(measured["step"], measured[key]) if s >= late and np.isfinite(v)]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _pooled_lost(measured: dict[str, list[Any]]) -> float:
+    """Lost updates pooled over all measured steps: total lost / total changed elements."""
+    changed = sum(c for c in measured["changed"] if c)
+    lost = sum(n for c, n in zip(measured["changed"], measured["lost"]) if c)
+    return lost / changed if changed else float("nan")
+
+
+def run_all(
+    task: Any, regimes: Iterable[str], steps: int, measure_every: int = 10, progress: Callable[..., Any] | None = None
+) -> list[RegimeResult]:
+    """`task` trained in each of `regimes` from the same seed on the same batches."""
+    return [run_regime(task, r, steps, measure_every=measure_every, progress=progress)[0] for r in regimes]
