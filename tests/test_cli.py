@@ -37,6 +37,19 @@ def test_train_the_transformer(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("mixed")
 
 
+def test_train_memory_itemizes_the_held_bytes_and_measures_the_peak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "--steps", "5", "--quiet", "--memory", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    # MLP 64-256-256-10 has 85,002 parameters: FP16 copies 2 bytes each, FP32 masters 4
+    assert "parameters        float16          170,004" in out
+    assert "master weights    float32          340,008" in out
+    memory = json.loads((tmp_path / "run" / "results.json").read_text())
+    peaks = [r["memory"]["peak_step_bytes"] for t in memory["tasks"].values() for r in t["regimes"].values()]
+    assert peaks and all(p > 0 for p in peaks)
+
+
 def test_info_prints_versions_formats_policy_and_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out

@@ -299,8 +299,14 @@ def train(args: argparse.Namespace) -> int:
             f"batch {task.batch_size}, lr {task.lr} ({task.schedule}), seed {args.seed}, {args.device}{resumed}"
         )
     result, setup = run_regime(task, args.precision, args.steps, scaler, setup=setup, start=start,
-                               progress=_progress(args.quiet))  # fmt: skip
+                               progress=_progress(args.quiet), memory=args.memory)  # fmt: skip
     print(format_table([result]))
+    if args.memory:
+        from tinyamp.inspect import format_training_memory
+
+        print(f"\nmemory held after the last step ({args.device}):")
+        print(format_training_memory(result.memory["held_bytes"]))
+        print(f"peak allocated during the last step: {result.memory['peak_step_bytes']:,} bytes (measured)")
     if not args.quiet:
         print(footnotes())
     if out is not None:
@@ -351,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="DIR", help="write results.json, PNG figures and checkpoint.npz into DIR")
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue a run from its checkpoint.npz")
     t.add_argument("--quiet", action="store_true", help="no progress bar, only the result table")
+    t.add_argument(
+        "--memory", action="store_true", help="itemize the bytes held (weights, masters, moments, gradients) "
+        "and measure the peak bytes of the last step"
+    )  # fmt: skip
     return parser
 
 

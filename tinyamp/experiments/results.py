@@ -52,6 +52,7 @@ class RegimeResult:
     series: dict[str, list[Any]] = field(default_factory=dict)  # per step: loss, scale, skipped, lr
     measured: dict[str, list[Any]] = field(default_factory=dict)  # at measured steps: step, lost, underflow
     histogram: dict[str, Any] = field(default_factory=dict)  # log2|g| counts at the end, unscaled and scaled
+    memory: dict[str, Any] = field(default_factory=dict)  # with --memory: bytes held by role, peak of a step
 
     def to_json(self) -> dict[str, Any]:
         """A dict with only JSON values (NaN becomes None)."""

@@ -23,7 +23,7 @@ from tinyamp.amp import MasterWeights
 from tinyamp.experiments import measure
 from tinyamp.experiments.regimes import REGIMES, Setup, bfloat16_available, build
 from tinyamp.experiments.results import RegimeResult
-from tinyamp.inspect import saved_tensors
+from tinyamp.inspect import peak_memory, saved_tensors, training_memory
 from tinyamp.nn.module import Module
 
 LATE = 0.1  # "late in training": the last 10% of the steps
@@ -55,11 +55,14 @@ def run_regime(
     progress: Callable[..., Any] | None = None,
     setup: Setup | None = None,
     start: int = 0,
+    memory: bool = False,
 ) -> tuple[RegimeResult, Setup]:
     """Train `task` in `regime` for `steps` steps (from step `start` of a resumed `setup`).
 
     `progress`, when given, is a tqdm-like class: ``progress(total=..., desc=...)``.
     Returns the result and the Setup (whose model, optimizer and scaler a checkpoint saves).
+    With `memory`, the last step runs under ``peak_memory`` and the bytes held after it are
+    itemized (``result.memory``).
     """
     spec = REGIMES[regime]
     if setup is None:
@@ -71,6 +74,7 @@ def run_regime(
     saved = None
     timed, timed_steps = 0.0, 0
     grads, scale = np.zeros(0), 1.0
+    peak: int | None = None
     began = time.perf_counter()
     bar = progress(total=steps, initial=start, desc=f"{task.name} {regime}") if progress else None
     batches = task.batches(start=start)
@@ -90,8 +94,18 @@ def run_regime(
                 saved = saved_tensors(loss)
 
         t0 = time.perf_counter()
-        loss, report, counts = setup.step(lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect)
-        if not is_measured and inspect is None:
+        if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
+            (loss, report, counts), peak = peak_memory(
+                lambda b=batch, i=inspect, m=is_measured: setup.step(
+                    lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
+                ),
+                device=task.device,
+            )
+        else:
+            loss, report, counts = setup.step(
+                lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
+            )
+        if not is_measured and inspect is None and peak is None:
             timed += time.perf_counter() - t0
             timed_steps += 1
         series["loss"].append(loss)
@@ -110,6 +124,7 @@ def run_regime(
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - began
+    held = training_memory(setup.model, setup.optimizer) if memory else {}
     metrics = task.evaluate(setup.model, setup.autocast)
     late = max(start, steps - max(1, int(round(LATE * (steps - start)))))
     result = RegimeResult(
@@ -135,6 +150,7 @@ def run_regime(
             "scaled": measure.log2_histogram(grads, scale),
             "zeros": int(np.count_nonzero(grads == 0)),
         },
+        memory={"held_bytes": held, "peak_step_bytes": peak} if memory else {},
     )
     return result, setup
 
