@@ -78,3 +78,35 @@ def measure(depth: int, regime: str, repeats: int = 3) -> dict[str, float]:
         with autocast():
             saved = saved_tensors(step.forward()).total_bytes  # type: ignore[attr-defined]
     return {"peak_mb": float(np.median(peaks)) / 1e6, "step_ms": 1e3 * float(np.median(times)), "saved_mb": saved / 1e6}
+
+
+def sweep(depths: tuple[int, ...] = (4, 9, 16, 25, 36)) -> dict[str, list[float]]:
+    """Peak step memory (MB) of each regime at each depth (one measured step each)."""
+    out: dict[str, list[float]] = {"depth": list(depths)}
+    for regime in ("fp32", "mixed", "mixed+checkpoint"):
+        out[regime] = [measure(d, regime, repeats=1)["peak_mb"] for d in depths]
+    return out
+
+
+def plot_sweep(table: dict[str, list[float]], path: str) -> bool:
+    """Peak memory against depth, one line per regime; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for regime in ("fp32", "mixed", "mixed+checkpoint"):
+        ax.plot(table["depth"], table[regime], marker="o", label=regime)
+    ax.set_xlabel("depth (Linear+ReLU blocks)")
+    ax.set_ylabel("peak step memory (MB, measured)")
+    ax.set_title(f"One training step, width {WIDTH}, batch {BATCH}: checkpoint every round(sqrt(depth))")
+    ax.title.set_fontsize(9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -135,12 +135,23 @@ def bench_fp16_matmul() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depth-sweep", action="store_true", help="also sweep depth for peak memory (slow) + figure")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "latest.json")
     args = parser.parse_args()
 
     rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul() + bench_mixed_precision_step()
     rows += bench_memory_by_depth()
     print(markdown_table(rows))
+    if args.depth_sweep:
+        table = memory_depth.sweep()
+        print("\n| depth | " + " | ".join(k for k in table if k != "depth") + " |")
+        print("|---:|" + "---:|" * (len(table) - 1))
+        for i, d in enumerate(table["depth"]):
+            print(f"| {d} | " + " | ".join(f"{table[k][i]:.1f} MB" for k in table if k != "depth") + " |")
+        figure = Path(__file__).resolve().parent / "figures" / "peak_memory_by_depth.png"
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        if memory_depth.plot_sweep(table, str(figure)):
+            print(f"wrote {figure}")
     meta = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine()}
     try:
         import torch
