@@ -62,6 +62,11 @@ def test_results_json_has_every_number_of_the_table_per_regime_and_per_step(demo
         measured = r["measured"]
         assert len({len(v) for v in measured.values()}) == 1 and measured["step"][-1] == STEPS - 1
         assert len(r["histogram"]["unscaled"]) == len(r["histogram"]["log2_bins"])
+        assert r["memory"]["peak_step_bytes"] > 0
+        held = r["memory"]["held_bytes"]
+        weights = 2 if name != "fp32" else 4  # bytes per parameter of the model's own copy
+        assert sum(held["parameters"].values()) == weights * 85_002  # MLP 64-256-256-10
+        assert ("master weights" in held) == (name in ("fp16-master", "mixed", "bf16-mixed"))
         if name == "fp32":
             assert r["underflow_fraction"] is None and r["lost_update_fraction"] is None
         else:

@@ -166,12 +166,14 @@ def demo(args: argparse.Namespace) -> int:
     )
     for name in regimes:
         print(f"  {name:<12} {REGIMES[name].summary}")
-    mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress)
+    mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress, memory=True)
     print()
     print(format_table(mlp_results))
     print(footnotes())
     print()
     print(_mlp_verdict({r.regime: r for r in mlp_results}))
+    print()
+    print(_memory_table(mlp_results))
     document = results_document({"mlp": (mlp, mlp_results)}, {"command": "demo", "seed": args.seed})
     if args.transformer_steps:
         chars = CharTransformer(seed=args.seed, device=args.device)
@@ -197,6 +199,30 @@ def demo(args: argparse.Namespace) -> int:
         print(f"\nwrote {', '.join(written)} to {out.path}")
     print(f"\ndemo took {time.perf_counter() - began:.0f} s")
     return 0
+
+
+def _memory_table(results: list[Any]) -> str:
+    """Bytes held after training (weights, FP32 masters, moments, gradients) and the measured peak of a step."""
+    lines = [f"{'memory':<14}{'weights':>12}{'masters':>12}{'moments':>12}{'gradients':>12}{'peak of a step':>16}"]
+    for r in results:
+        held = r.memory["held_bytes"]
+
+        def total(role: str, held: dict[str, dict[str, int]] = held) -> str:
+            n = sum(held.get(role, {}).values())
+            return f"{n / 1024:.0f} KiB" if n else "-"
+
+        peak = f"{r.memory['peak_step_bytes'] / 1024:.0f} KiB"
+        lines.append(
+            f"{r.regime:<14}{total('parameters'):>12}{total('master weights'):>12}{total('optimizer state'):>12}"
+            f"{total('gradients'):>12}{peak:>16}"
+        )
+    lines.append(
+        "* held after the last step; peak: bytes allocated during the last step, measured (tracemalloc). On a CPU\n"
+        "  the emulated FP16 products widen their operands to FP32 for the duration of each product, and the FP32\n"
+        "  masters need FP32 gradients, so a small model's step can peak above FP32's: the saving is in what the\n"
+        "  graph keeps (see saved) and grows with depth and batch (benchmarks, 'Peak step memory against depth')."
+    )
+    return "\n".join(lines)
 
 
 def _mlp_verdict(r: dict[str, Any]) -> str:

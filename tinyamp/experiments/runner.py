@@ -168,7 +168,14 @@ def _pooled_lost(measured: dict[str, list[Any]]) -> float:
 
 
 def run_all(
-    task: Any, regimes: Iterable[str], steps: int, measure_every: int = 10, progress: Callable[..., Any] | None = None
+    task: Any,
+    regimes: Iterable[str],
+    steps: int,
+    measure_every: int = 10,
+    progress: Callable[..., Any] | None = None,
+    memory: bool = False,
 ) -> list[RegimeResult]:
     """`task` trained in each of `regimes` from the same seed on the same batches."""
-    return [run_regime(task, r, steps, measure_every=measure_every, progress=progress)[0] for r in regimes]
+    return [
+        run_regime(task, r, steps, measure_every=measure_every, progress=progress, memory=memory)[0] for r in regimes
+    ]
