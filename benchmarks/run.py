@@ -97,7 +97,7 @@ def bench_mixed_precision_step() -> list[dict]:
     return rows
 
 
-def bench_memory_by_depth(depth: int = 16) -> list[dict]:
+def bench_memory_by_depth(depth: int = 36) -> list[dict]:
     """Peak step memory of a deep MLP: FP32, mixed precision, mixed + checkpointing."""
     rows = []
     results = {r: memory_depth.measure(depth, r) for r in ("fp32", "mixed", "mixed+checkpoint")}
