@@ -155,13 +155,9 @@ def update_is_lost(weight: float, update: float, fmt: str = "float16") -> bool:
 
 
 def format_table(names: tuple[str, ...] = ("float16", "bfloat16", "float32")) -> str:
-    """A printable table of the formats' bits and limits."""
-    rows = []
-    for name in names:
-        try:
-            rows.append(get_format(name))
-        except ValueError:
-            continue
+    """A printable table of the formats' bits and limits (those this machine can represent)."""
+    available = {f.name: f for f in available_formats()}
+    rows = [available[name] for name in names if name in available]
     widths = {"bits": 5, "exp": 5, "mant": 6, "max": 12, "min normal": 12, "min subnormal": 15, "epsilon": 11}
     header = "format".ljust(14) + "".join(name.rjust(w) for name, w in widths.items())
     lines = [header]

@@ -43,17 +43,17 @@ class SavedTensorsReport:
         return sum(r.nbytes for r in self.rows if r.shared_with is None)
 
     def bytes_by_dtype(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.rows:
-            if r.shared_with is None:
-                out[r.dtype] = out.get(r.dtype, 0) + r.nbytes
-        return out
+        return self._bytes_by("dtype")
 
     def bytes_by_kind(self) -> dict[str, int]:
+        return self._bytes_by("kind")
+
+    def _bytes_by(self, column: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rows:
-            if r.shared_with is None:
-                out[r.kind] = out.get(r.kind, 0) + r.nbytes
+            if r.shared_with is None:  # an array kept by two nodes is one allocation
+                key = getattr(r, column)
+                out[key] = out.get(key, 0) + r.nbytes
         return out
 
     def __str__(self) -> str:
