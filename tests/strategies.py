@@ -435,3 +435,15 @@ def depth_and_segment(draw: Any, max_depth: int = 8) -> tuple[int, int]:
     """A number of blocks and a checkpoint segment length (1..depth)."""
     depth = draw(st.integers(1, max_depth))
     return depth, draw(st.integers(1, depth))
+
+
+def float32_bit_patterns(max_size: int = 64) -> SearchStrategy[np.ndarray]:
+    """1-D float32 arrays of any bit patterns: every sign, NaN payloads, infs, subnormals, zeros."""
+    words = st.integers(0, 2**32 - 1)
+    return st.lists(words, min_size=1, max_size=max_size).map(lambda w: np.array(w, np.uint32).view(np.float32))
+
+
+def float16_bit_patterns(max_size: int = 64) -> SearchStrategy[np.ndarray]:
+    """1-D float16 arrays of any bit patterns (NaN payloads and infs included)."""
+    words = st.integers(0, 2**16 - 1)
+    return st.lists(words, min_size=1, max_size=max_size).map(lambda w: np.array(w, np.uint16).view(np.float16))

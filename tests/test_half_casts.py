@@ -1,0 +1,112 @@
+"""The branch-free float16 <-> float32 casts return exactly the bits NumPy's astype returns."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from strategies import float16_bit_patterns, float32_bit_patterns
+
+from tinyamp.ops.casting import convert
+from tinyamp.ops.half_casts import BLOCK, SMALL, fast_cast_applies, round_to_float16, widen_float16
+
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+ALL_FLOAT16 = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+FINITE_FLOAT16 = ALL_FLOAT16[np.isfinite(ALL_FLOAT16)]
+
+
+def test_widen_every_float16_bit_pattern() -> None:
+    assert same_bits(widen_float16(FINITE_FLOAT16), FINITE_FLOAT16.astype(F32))  # all in the fast path
+    assert same_bits(widen_float16(ALL_FLOAT16), ALL_FLOAT16.astype(F32))  # NaN payloads through NumPy
+
+
+def rounding_boundaries() -> np.ndarray:
+    """Every finite float16 value, every midpoint between neighbours, and the float32 values beside each."""
+    v = np.sort(FINITE_FLOAT16.astype(np.float64))
+    v = np.unique(v)
+    mids = (v[:-1] + v[1:]) / 2  # exact in float64, and representable in float32 (<= 12 significant bits)
+    points = np.concatenate([v, mids, [65520.0, 2.0**-25, 3 * 2.0**-26]]).astype(F32)
+    neighbours = [np.nextafter(points, np.float32(np.inf)), np.nextafter(points, np.float32(-np.inf))]
+    return np.concatenate([points, *neighbours])
+
+
+def test_round_every_rounding_boundary() -> None:
+    x = rounding_boundaries()
+    assert x.size > 6 * 60000
+    with np.errstate(over="ignore"):
+        assert same_bits(round_to_float16(x), x.astype(F16))
+
+
+def test_round_ties_go_to_even() -> None:
+    # 1 + 2^-11 is halfway between 1 and 1 + 2^-10: the even mantissa (1) wins; 1 + 3*2^-11 goes up
+    x = np.array([1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-25, 3 * 2.0**-25, 65504 + 16], F32)
+    with np.errstate(over="ignore"):
+        got = round_to_float16(x).astype(np.float64)
+    assert list(got) == [1.0, 1 + 2.0**-9, 0.0, 2 * 2.0**-24, np.inf]
+
+
+@given(float32_bit_patterns())
+def test_round_any_float32_bits(x: np.ndarray) -> None:
+    with np.errstate(all="ignore"):
+        assert same_bits(round_to_float16(x), x.astype(F16))
+
+
+@given(float16_bit_patterns())
+def test_widen_any_float16_bits(h: np.ndarray) -> None:
+    assert same_bits(widen_float16(h), h.astype(F32))
+
+
+def test_blocks_are_independent() -> None:
+    """A NaN in one block sends only that block through NumPy; the others keep the fast path."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(3 * BLOCK + 5) * 1e-3).astype(F32).reshape(-1, 1)
+    x[BLOCK + 7] = np.nan
+    x[2 * BLOCK + 1] = 7e4  # rounds to inf
+    with np.errstate(over="ignore"):
+        assert same_bits(round_to_float16(x), x.astype(F16))
+        h = x.astype(F16)
+    assert same_bits(widen_float16(h), h.astype(F32))
+
+
+def test_overflow_warns_as_numpy_does() -> None:
+    x = np.full(SMALL, 1e6, F32)
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        round_to_float16(x)
+
+
+def test_out_arrays_are_written_in_place() -> None:
+    x = np.linspace(-3, 3, 5000, dtype=F32).reshape(50, 100)
+    out16 = np.empty((50, 100), F16)
+    assert round_to_float16(x, out16) is out16 and same_bits(out16, x.astype(F16))
+    out32 = np.empty((50, 100), F32)
+    assert widen_float16(out16, out32) is out32 and same_bits(out32, out16.astype(F32))
+
+
+def test_convert_routes_large_contiguous_arrays_only() -> None:
+    big = np.ones((64, 128), F32)
+    assert fast_cast_applies(big, F16) and fast_cast_applies(big.astype(F16), F32)
+    assert not fast_cast_applies(big[:, ::2], F16)  # strided: NumPy's cast
+    assert not fast_cast_applies(big[:2], F16)  # small: NumPy's cast is cheaper than our passes
+    assert not fast_cast_applies(big, np.dtype(np.float64))
+    rng = np.random.default_rng(1)
+    for x in (rng.standard_normal((64, 128)).astype(F32), rng.standard_normal((64, 128)).astype(F32)[:, ::2]):
+        assert same_bits(convert(x, F16), x.astype(F16))
+        out = np.empty(x.shape, F16)
+        assert convert(x, F16, out=out) is out and same_bits(out, x.astype(F16))
+
+
+@pytest.mark.skipif(not os.environ.get("TINYAMP_EXHAUSTIVE"), reason="every float32 (8 min): TINYAMP_EXHAUSTIVE=1")
+def test_round_every_float32() -> None:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        for high in range(0, 2**32, 2**26):
+            x = np.arange(high, high + 2**26, dtype=np.uint64).astype(np.uint32).view(np.float32)
+            assert same_bits(round_to_float16(x), x.astype(F16)), f"block at {high:#x}"

@@ -1,0 +1,119 @@
+"""float16 <-> float32 conversion written with integer ops that NumPy vectorizes.
+
+Why this file exists.  NumPy converts between float16 and float32 one element at a
+time, in a C function full of branches (zero? subnormal? inf?).  On a CPU that is the
+whole cost of mixed precision: measured here, 1.8 ns per element to float16 and 0.9 ns
+back on dense data, but 4 ns back when half the values are zeros (a ReLU's output or its
+gradient: the zero/non-zero branch is mispredicted half the time), and 60 ns per element
+to float16 when the values are float16 subnormals.  The same conversions written as a
+few whole-array integer operations have no branches, so their cost does not depend on
+the data, and they teach how the formats are laid out:
+
+    float32:  s eeeeeeee mmmmmmmmmmmmmmmmmmmmmmm   (bias 127, 23 mantissa bits)
+    float16:  s    eeeee mmmmmmmmmm                 (bias 15,  10 mantissa bits)
+
+Widening (exact).  Shift the 15 magnitude bits of a float16 left by 13 so that its
+exponent and mantissa fields land on float32's; read as a float32 that is the value times
+2^-112 (the bias difference, 127 - 15), for normal *and* subnormal float16 values alike,
+so one exact float32 multiply by 2^112 finishes the job.  The sign comes along for free:
+widening the bits as int16 -> int32 copies the sign into bits 16-31, the shift by 13
+moves one copy to bit 31, and a mask clears the others (bits 28-30).
+
+Rounding (to nearest, ties to even).  For |x| >= 2^-14 (a float16 normal): subtract
+112 from the exponent field, add 0xFFF plus the lowest kept mantissa bit to the 13 bits
+about to be dropped (so a tie rounds to the even neighbour), shift right by 13; a carry
+out of the mantissa correctly bumps the exponent.  For |x| < 2^-14 (float16 subnormals
+are the multiples of 2^-24): add 0.5 in float32, where the ulp is exactly 2^-24, so the
+hardware rounds to the nearest multiple; the bits of the sum minus the bits of 0.5 are
+the float16 mantissa.
+
+Values these tricks do not cover (a float16 inf or NaN to widen; |x| >= 65520, which
+rounds to inf, or inf or NaN to round) are rare, so a block that holds one is simply
+converted by NumPy, which also raises NumPy's usual overflow warning.  Both functions
+return exactly the bits ``astype`` returns (tested on every float16 bit pattern and on
+every rounding boundary).
+
+The arrays are processed in blocks of 2^15 elements so that the half-dozen passes
+over a block stay in the CPU's cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_U16, _I16, _U32, _I32 = (np.dtype(t) for t in (np.uint16, np.int16, np.uint32, np.int32))
+_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
+BLOCK = 1 << 15  # elements per block: 128 KiB of uint32, cache-resident
+SMALL = 1 << 12  # below this size NumPy's own cast is faster than our Python-level passes
+
+_F16_INF_BITS = 0x7C00  # float16 magnitude bits >= this: inf or NaN
+_ROUNDS_TO_INF = 0x477FF000  # float32 bits of 65520 = 65504 + half an ulp: the tie rounds to inf
+_F16_MIN_NORMAL = 0x38800000  # float32 bits of 2^-14
+_HALF = 0x3F000000  # float32 bits of 0.5
+_KEEP_SIGN_AND_MAGNITUDE = np.int32(-0x70000001)  # 0x8FFFFFFF as int32
+_EXPONENT_SHIFT = (0xFFF - (112 << 23)) & 0xFFFFFFFF  # rounding bias and bias change in one add (mod 2^32)
+
+
+def fast_cast_applies(x: np.ndarray, dtype: np.dtype) -> bool:
+    """True when ``x.astype(dtype)`` is a float16 <-> float32 cast these functions do faster."""
+    if type(x) is not np.ndarray or x.size < SMALL or not x.flags.c_contiguous:
+        return False
+    return (x.dtype == _F16 and dtype == _F32) or (x.dtype == _F32 and dtype == _F16)
+
+
+def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float16 array -> float32, exactly (bit-identical to ``h.astype(np.float32)``)."""
+    if out is None:
+        out = np.empty(h.shape, _F32)
+    flat = h.reshape(-1)
+    signed16, unsigned16, out32 = flat.view(_I16), flat.view(_U16), out.reshape(-1).view(_I32)
+    n = flat.size
+    wide, doubled = np.empty(min(n, BLOCK), _I32), np.empty(min(n, BLOCK), _U16)
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        w, d = wide[: stop - start], doubled[: stop - start]
+        np.left_shift(unsigned16[start:stop], 1, out=d)  # the sign shifted out: inf and NaN are >= 0xF800
+        if d.max() >= _F16_INF_BITS << 1:  # inf or NaN in this block: NumPy's cast keeps NaN payloads
+            out32[start:stop] = flat[start:stop].astype(_F32).view(_I32)
+            continue
+        w[...] = signed16[start:stop]  # int16 -> int32 copies the sign bit into bits 16-31
+        np.left_shift(w, 13, out=w)  # magnitude onto float32's exponent and mantissa fields
+        np.bitwise_and(w, _KEEP_SIGN_AND_MAGNITUDE, out=w)  # clear bits 28-30, keep the sign in bit 31
+        np.multiply(w.view(_F32), np.float32(2.0**112), out=out32[start:stop].view(_F32))  # exact: a power of 2
+    return out
+
+
+def round_to_float16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 array -> float16, round to nearest even (bit-identical to ``x.astype(np.float16)``)."""
+    if out is None:
+        out = np.empty(x.shape, _F16)
+    bits32, bits16 = x.reshape(-1).view(_U32), out.reshape(-1).view(_U16)
+    n = bits32.size
+    size = min(n, BLOCK)
+    mag, half, sub = np.empty(size, _U32), np.empty(size, _U32), np.empty(size, _U32)
+    tiny = np.empty(size, bool)
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        k = stop - start
+        b, m, h, s, t = bits32[start:stop], mag[:k], half[:k], sub[:k], tiny[:k]
+        np.bitwise_and(b, 0x7FFFFFFF, out=m)  # |x|
+        if m.max() >= _ROUNDS_TO_INF:  # overflow, inf or NaN here: NumPy's cast, with its warning
+            bits16[start:stop] = x.reshape(-1)[start:stop].astype(_F16).view(_U16)
+            continue
+        # normal range: round the 13 dropped bits to nearest even, rebias the exponent, shift
+        np.right_shift(m, 13, out=h)
+        np.bitwise_and(h, 1, out=h)  # the lowest kept bit: +1 on a tie makes it even
+        np.add(h, m, out=h)
+        np.add(h, _EXPONENT_SHIFT, out=h)
+        np.right_shift(h, 13, out=h)
+        # subnormal range (and zero): |x| + 0.5 rounds to a multiple of 2^-24, the float16 quantum there
+        np.less(m, _F16_MIN_NORMAL, out=t)
+        if t.any():
+            np.add(m.view(_F32), np.float32(0.5), out=s.view(_F32))
+            np.subtract(s, _HALF, out=s)
+            np.copyto(h, s, where=t)
+        np.right_shift(b, 16, out=s)
+        np.bitwise_and(s, 0x8000, out=s)  # the sign, moved to bit 15
+        np.bitwise_or(h, s, out=h)
+        bits16[start:stop] = h  # uint32 -> uint16: every value fits
+    return out
