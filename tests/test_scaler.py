@@ -870,6 +870,18 @@ def test_unscale_reports_every_parameter_by_name(device: str) -> None:
     assert report.nonfinite_params == ["weight"] and math.isnan(report.grad_norm)
 
 
+def test_huge_finite_float64_gradients_are_not_reported_as_overflow() -> None:
+    """The finiteness check reads the sum of squares; (1e200)^2 overflows float64, yet 1e200 is finite."""
+    big, bad = ta.tensor([1.0], dtype="float64", requires_grad=True), ta.tensor([1.0], requires_grad=True)
+    opt = FakeOptimizer([big, bad], ["big", "bad"])
+    scaler = LossScaler(init_scale=1.0)
+    scaler.scale_loss((big * 1e200).sum() + (bad * 1.0).sum()).backward()
+    bad.grad[0] = -np.inf
+    assert scaler.unscale_(opt) == {"big": False, "bad": True}
+    report = scaler.step(opt)
+    assert report.nonfinite_params == ["bad"] and report.skipped and opt.steps == 0
+
+
 def test_parameters_without_gradient_are_skipped_not_reported() -> None:
     used, unused = ta.tensor([1.0], requires_grad=True), ta.tensor([1.0], requires_grad=True)
     opt = FakeOptimizer([used, unused], ["used", "unused"])

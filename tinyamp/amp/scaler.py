@@ -417,17 +417,18 @@ class LossScaler:
                 "on the scaled loss before unscale_ or step"
             )
         inverse = 1.0 / self._scale  # exact when the scale is a power of two
-        finite: list[Any] = []
         squares: list[Any] = []
         for _, g in present:
             if inverse != 1.0:
                 _multiply_(g, inverse)
-            xp = get_array_module(g)
-            finite.append(xp.isfinite(g).all())
             squares.append(_sum_of_squares(g))
-        flags, total = _to_host(finite, squares)
+        sums = _host_floats(squares)
+        # One pass gives both the norm and the finiteness check: an inf or NaN makes the sum of
+        # squares inf or NaN.  A non-finite sum can also come from float64 squares overflowing
+        # (|g| > 1e154, only possible in float64 gradients), so that case is checked element-wise.
+        flags = [math.isfinite(s) or bool(get_array_module(g).isfinite(g).all()) for s, (_, g) in zip(sums, present)]
         self._unscale_flags = {name: not ok for (name, _), ok in zip(present, flags)}
-        self._grad_norm = math.sqrt(total)
+        self._grad_norm = math.sqrt(math.fsum(sums))
         self._phase = "unscaled"
         self._unscaled_optimizer = id(optimizer)
         return dict(self._unscale_flags)
@@ -773,24 +774,34 @@ _CHUNK = 1 << 16
 
 
 def _sum_of_squares(g: Any) -> Any:
-    """sum(g^2) accumulated in float64, as a 0-d array on g's device (inf or nan if g is not finite)."""
+    """sum(g^2) accumulated in float64, as a 0-d array on g's device (inf or nan if g is not finite).
+
+    Squares of float64 values above 1e154 overflow to inf; callers that read the sum as a
+    finiteness check look at such gradients element by element, so the warning is muted.
+    """
     flat = g.ravel()
     xp = get_array_module(g)
-    if xp is not np or flat.size <= _CHUNK:
-        wide = flat.astype(np.float64)
-        return xp.dot(wide, wide)
-    # On the CPU, widen a cache-sized piece at a time: a float64 copy of a whole weight
-    # gradient would be a fresh allocation of 8 bytes per element (page faults) each step.
-    total = np.zeros((), np.float64)
-    for start in range(0, flat.size, _CHUNK):
-        piece = flat[start : start + _CHUNK].astype(np.float64)
-        total += np.dot(piece, piece)
-    return total
+    with np.errstate(over="ignore", invalid="ignore"):
+        if xp is not np or flat.size <= _CHUNK:
+            wide = flat.astype(np.float64)
+            return xp.dot(wide, wide)
+        # On the CPU, widen a cache-sized piece at a time: a float64 copy of a whole weight
+        # gradient would be a fresh allocation of 8 bytes per element (page faults) each step.
+        total = np.zeros((), np.float64)
+        for start in range(0, flat.size, _CHUNK):
+            piece = flat[start : start + _CHUNK].astype(np.float64)
+            total += np.dot(piece, piece)
+        return total
 
 
 def _to_host(flags: list[Any], squares: list[Any]) -> tuple[list[bool], float]:
     """Bring per-parameter finiteness flags and sums of squares to the host: one copy per device."""
-    values = flags + squares
+    host = _host_floats(flags + squares)
+    return [v == 1.0 for v in host[: len(flags)]], math.fsum(host[len(flags) :])
+
+
+def _host_floats(values: list[Any]) -> list[float]:
+    """0-d arrays (on any devices) as Python floats, with one device-to-host copy per device."""
     by_module: dict[int, list[int]] = {}
     for i, v in enumerate(values):
         by_module.setdefault(id(get_array_module(v)), []).append(i)
@@ -800,4 +811,4 @@ def _to_host(flags: list[Any], squares: list[Any]) -> tuple[list[bool], float]:
         stacked = xp.stack([values[i].astype(np.float64) for i in indices])
         for i, v in zip(indices, backend.to_device(stacked, "cpu").tolist()):
             host[i] = v
-    return [v == 1.0 for v in host[: len(flags)]], math.fsum(host[len(flags) :])
+    return host
