@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from strategies import half_arrays, half_floats, integer_half_arrays, linear_shapes, tensor_core_shape_pairs
 
 import tinyamp as ta
+from tinyamp.backend import to_device
 from tinyamp.ops import bits16, casting
+from tinyamp.ops.matmul import MatMul
 
 try:
     import ml_dtypes
@@ -290,3 +292,63 @@ def test_relu_on_float16_is_the_float32_relu_rounded(g: np.ndarray) -> None:
     np.testing.assert_array_equal(t.grad, expected_g)  # equal values; a blocked -0.0 gradient becomes +0.0
     nonzero = expected_g != 0
     assert_bits_equal(t.grad[nonzero], expected_g[nonzero])
+
+
+# ---- the same numerics on every device ------------------------------------------------------------------
+# Integer operands keep every float32 sum exact in any order, so cuBLAS (which sums in its
+# own order, on Tensor Cores) must give the very bits of the emulation: one rounding, at the end.
+def on(device: str, array: np.ndarray) -> ta.Tensor:
+    return ta.tensor(array, requires_grad=True, device=device)
+
+
+def host_grad(t: ta.Tensor) -> np.ndarray:
+    return to_device(t.grad, "cpu")
+
+
+@pytest.mark.parametrize("kind", ["2d", "batched", "broadcast"])
+@given(data=st.data())
+def test_float16_matmul_and_gradients_match_the_emulation_on_each_device(
+    device: str, kind: str, data: st.DataObject
+) -> None:
+    a_shape, b_shape = data.draw(tensor_core_shape_pairs(kind))
+    a, b = data.draw(integer_half_arrays(a_shape)), data.draw(integer_half_arrays(b_shape))
+    out_shape = np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
+    g = data.draw(integer_half_arrays(out_shape))
+    ta_a, ta_b = on(device, a), on(device, b)
+    y = ta.matmul(ta_a, ta_b)
+    assert y.device == device and y.dtype == F16
+    assert_bits_equal(y.numpy(), emulate(a, b))
+    y.backward(ta.tensor(g, device=device))
+    a64, b64, g64 = a.astype(F64), b.astype(F64), g.astype(F64)
+    assert_bits_equal(host_grad(ta_a), unbroadcast_ref(g64 @ b64.swapaxes(-1, -2), a_shape).astype(F16))
+    assert_bits_equal(host_grad(ta_b), unbroadcast_ref(a64.swapaxes(-1, -2) @ g64, b_shape).astype(F16))
+
+
+@given(shapes=linear_shapes(), data=st.data())
+def test_float16_linear_matches_the_emulation_on_each_device(device: str, shapes, data: st.DataObject) -> None:
+    x_shape, w_shape = shapes
+    x, w = data.draw(integer_half_arrays(x_shape)), data.draw(integer_half_arrays(w_shape))
+    b = data.draw(integer_half_arrays((w_shape[0],)))
+    g = data.draw(integer_half_arrays(x_shape[:-1] + (w_shape[0],)))
+    tx, tw, tb = on(device, x), on(device, w), on(device, b)
+    y = ta.linear(tx, tw, tb)
+    x64, w64 = x.astype(F64).reshape(-1, x_shape[-1]), w.astype(F64)
+    assert_bits_equal(y.numpy(), (x64 @ w64.T + b.astype(F64)).reshape(y.shape).astype(F16))
+    y.backward(ta.tensor(g, device=device))
+    g64 = g.astype(F64).reshape(-1, w_shape[0])
+    assert_bits_equal(host_grad(tx), (g64 @ w64).reshape(x_shape).astype(F16))
+    assert_bits_equal(host_grad(tw), (g64.T @ x64).astype(F16))
+    assert_bits_equal(host_grad(tb), g64.sum(axis=0).astype(F16))
+
+
+def test_the_bias_is_added_before_the_single_rounding_on_each_device(device: str) -> None:
+    x, w, b = np.array([[1.0, 1.0]], F16), np.array([[2048.0, 1.0]], F16), np.array([1.0], F16)
+    y = ta.linear(ta.tensor(x, device=device), ta.tensor(w, device=device), ta.tensor(b, device=device))
+    assert y.dtype == F16 and y.item() == 2050.0
+
+
+def test_float32_output_of_a_float16_product_is_not_rounded_through_float16(device: str) -> None:
+    # 2048 + 1 = 2049 is a float32 value but not a float16 one: a float32 result must keep it
+    a, b = np.array([[2048.0, 1.0]], F16), np.array([[1.0], [1.0]], F16)
+    y = MatMul.apply(ta.tensor(a, device=device), ta.tensor(b, device=device), out_dtype=F32)
+    assert y.dtype == F32 and y.item() == 2049.0

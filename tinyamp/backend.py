@@ -45,6 +45,17 @@ def _import_cupy() -> ModuleType:
     return cupy
 
 
+def cublas() -> ModuleType:
+    """CuPy's thin cuBLAS wrapper (GemmEx and friends), for the Tensor Core products."""
+    cupy = _import_cupy()
+    module = getattr(cupy.cuda, "cublas", None)
+    if module is None:  # older CuPy layouts keep it in cupy_backends only
+        import importlib
+
+        module = importlib.import_module("cupy_backends.cuda.libs.cublas")
+    return module
+
+
 def cuda_is_available() -> bool:
     """True when CuPy is installed and a CUDA GPU can be used."""
     try:

@@ -9,8 +9,9 @@ Tensor Core numerics for 16-bit operands: the product of two float16 values has 
 most 22 significant bits, so it is exact in float32 (24 bits); products are summed in
 float32 and the result is rounded once.  On NumPy this is done literally: widen both
 operands to float32, call sgemm, round the result.  (NumPy's own float16 matmul is a
-non-BLAS loop 260-540x slower than sgemm; it is never called.)  On CuPy, cuBLAS does
-the same on Tensor Cores.
+non-BLAS loop 260-540x slower than sgemm; it is never called.)  On CuPy, float16
+products are single cuBLAS GemmEx calls on Tensor Cores (cublas_gemm.py), with the
+transposes of backward passed as flags, not copies.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from tinyamp import dtypes
 from tinyamp.autograd import Function
 from tinyamp.backend import DeviceError
+from tinyamp.ops import cublas_gemm
 from tinyamp.ops.broadcasting import accumulation_dtype, unbroadcast
 from tinyamp.ops.casting import autocast_inputs, autocast_output_dtype, convert
 from tinyamp.tensor import Tensor
@@ -54,20 +56,30 @@ class MatMul(Function):
 
     def forward(self, a: Any, b: Any, out_dtype: Any = None) -> Any:
         self.save_for_backward(a, b)
-        return convert(accumulate_product(a, b), out_dtype or np.result_type(a, b))
+        out_dtype = out_dtype or np.result_type(a, b)
+        if cublas_gemm.applies(a, b):
+            return cublas_gemm.matmul(a, b, out_dtype)
+        return convert(accumulate_product(a, b), out_dtype)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         a, b = self.saved
         need_a, need_b = self.needs_input_grad
         grad_a = grad_b = None
         if need_a:
-            grad_a = unbroadcast(accumulate_product(g, _swap(b)), a.shape, a.dtype)
+            grad_a = _gradient_product(g, _swap(b), a)
         if need_b:
-            if b.ndim == 2 and a.ndim > 2:
-                grad_b = accumulate_product(_rows(a).T, _rows(g)).astype(b.dtype, copy=False)
+            if b.ndim == 2 and a.ndim > 2:  # the batch sum as one product of flattened rows
+                grad_b = _gradient_product(_rows(a).T, _rows(g), b)
             else:
-                grad_b = unbroadcast(accumulate_product(_swap(a), g), b.shape, b.dtype)
+                grad_b = _gradient_product(_swap(a), g, b)
         return grad_a, grad_b
+
+
+def _gradient_product(x: Any, y: Any, like: Any) -> Any:
+    """x @ y summed over the batch axes `like` was broadcast along, rounded once to like's dtype."""
+    if cublas_gemm.applies(x, y) and np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) == like.shape[:-2]:
+        return cublas_gemm.matmul(x, y, like.dtype)  # no batch sum: cuBLAS rounds to the dtype itself
+    return unbroadcast(accumulate_product(x, y), like.shape, like.dtype)
 
 
 class Linear(Function):
@@ -82,22 +94,30 @@ class Linear(Function):
     def forward(self, x: Any, weight: Any, bias: Any = None, out_dtype: Any = None) -> Any:
         self.save_for_backward(x, weight)
         self.bias_dtype = None if bias is None else bias.dtype
+        if out_dtype is None:
+            out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
+        if cublas_gemm.applies(x, weight) and (bias is None or bias.dtype.itemsize <= np.dtype(out_dtype).itemsize):
+            out = cublas_gemm.matmul(_rows(x), weight.T, out_dtype, bias=bias)  # W.T: a transpose flag
+            return out.reshape(x.shape[:-1] + (weight.shape[0],))
         out = _wide(x) @ _wide(weight).T
         if bias is not None:
             if bias.dtype.itemsize <= out.dtype.itemsize:
                 out += bias  # in place: no second (batch, out) array
             else:
                 out = out + bias  # a wider bias promotes, as x @ W.T + b would
-        if out_dtype is None:
-            out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
         return convert(out, out_dtype)
 
     def backward(self, g: Any) -> tuple[Any, ...]:
         x, weight = self.saved
         needs = self.needs_input_grad
-        g_rows = _wide(_rows(g))  # widened once, read by both products
-        grad_x = convert((g_rows @ _wide(weight)).reshape(x.shape), x.dtype) if needs[0] else None
-        grad_w = convert(g_rows.T @ _wide(_rows(x)), weight.dtype) if needs[1] else None
+        if cublas_gemm.applies(g, weight) and x.dtype == g.dtype:
+            g_rows = _rows(g)
+            grad_x = cublas_gemm.matmul(g_rows, weight, x.dtype).reshape(x.shape) if needs[0] else None
+            grad_w = cublas_gemm.matmul(g_rows.T, _rows(x), weight.dtype) if needs[1] else None
+        else:
+            g_rows = _wide(_rows(g))  # widened once, read by both products
+            grad_x = convert((g_rows @ _wide(weight)).reshape(x.shape), x.dtype) if needs[0] else None
+            grad_w = convert(g_rows.T @ _wide(_rows(x)), weight.dtype) if needs[1] else None
         if self.bias_dtype is None:
             return grad_x, grad_w
         grad_b = None
