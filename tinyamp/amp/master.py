@@ -215,21 +215,26 @@ class MasterWeights:
             for model, master in zip(self.model_params, self.master_params)
             if master is not model and master.grad is not None
         ]
-        before = [master.data.copy() for _, master in pairs] if track else []
-        self.optimizer.step()  # checks every gradient before it changes anything
         self._gathered_from = None
+        if not track:
+            # the update and the rounding into the model in one call (one fused kernel per
+            # parameter on the GPU); the optimizer checks every gradient before it changes anything
+            copies = [
+                model.data if master is not model else None
+                for model, master in zip(self.model_params, self.master_params)
+            ]
+            self.optimizer.step(rounded_copies=copies)
+            return
+        before = [master.data.copy() for _, master in pairs]
+        self.optimizer.step()  # checks every gradient before it changes anything
         counts = [0, 0, 0]
         for i, (model, master) in enumerate(pairs):
-            if track:
-                new16 = convert(master.data, model.dtype)
-                for k, c in enumerate(_count_updates(before[i], master.data, model.data, new16)):
-                    counts[k] += c
-                model.data[...] = new16
-            else:
-                convert(master.data, model.dtype, out=model.data)  # round once, in place
-        if track:
-            changed, lost, unchanged = (int(c) for c in counts)  # one device sync per step on CuPy
-            self.history.append(UpdateRecord(self.optimizer.step_count, changed, lost, unchanged))
+            new16 = convert(master.data, model.dtype)
+            for k, c in enumerate(_count_updates(before[i], master.data, model.data, new16)):
+                counts[k] += c
+            model.data[...] = new16
+        changed, lost, unchanged = (int(c) for c in counts)  # one device sync per step on CuPy
+        self.history.append(UpdateRecord(self.optimizer.step_count, changed, lost, unchanged))
 
     def zero_grad(self) -> None:
         """Set the ``.grad`` of every model parameter and every master to None."""

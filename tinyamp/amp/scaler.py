@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend, dtypes
+from tinyamp.amp import unscale_cuda
 from tinyamp.amp.presets import PRESETS
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
@@ -418,15 +419,24 @@ class LossScaler:
             )
         inverse = 1.0 / self._scale  # exact when the scale is a power of two
         squares: list[Any] = []
+        device_flags: list[Any] = []  # from the GPU kernel that unscales and flags in one pass
         for _, g in present:
-            if inverse != 1.0:
+            if unscale_cuda.applies(g):
+                device_flags.append(unscale_cuda.unscale_(g, inverse))
+            elif inverse != 1.0:
                 _multiply_(g, inverse)
             squares.append(_sum_of_squares(g))
-        sums = _host_floats(squares)
-        # One pass gives both the norm and the finiteness check: an inf or NaN makes the sum of
-        # squares inf or NaN.  A non-finite sum can also come from float64 squares overflowing
-        # (|g| > 1e154, only possible in float64 gradients), so that case is checked element-wise.
-        flags = [math.isfinite(s) or bool(get_array_module(g).isfinite(g).all()) for s, (_, g) in zip(sums, present)]
+        host = _host_floats(squares + device_flags)  # one device-to-host copy per device
+        sums, raised = host[: len(squares)], iter(host[len(squares) :])
+        # On the CPU, one pass gives both the norm and the finiteness check: an inf or NaN makes
+        # the sum of squares inf or NaN.  A non-finite sum can also come from float64 squares
+        # overflowing (|g| > 1e154, only possible in float64 gradients): checked element-wise.
+        flags = []
+        for total, (_, g) in zip(sums, present):
+            if unscale_cuda.applies(g):
+                flags.append(next(raised) == 0.0)
+            else:
+                flags.append(math.isfinite(total) or bool(get_array_module(g).isfinite(g).all()))
         self._unscale_flags = {name: not ok for (name, _), ok in zip(present, flags)}
         self._grad_norm = math.sqrt(math.fsum(sums))
         self._phase = "unscaled"
@@ -779,6 +789,8 @@ def _sum_of_squares(g: Any) -> Any:
     Squares of float64 values above 1e154 overflow to inf; callers that read the sum as a
     finiteness check look at such gradients element by element, so the warning is muted.
     """
+    if unscale_cuda.applies(g):
+        return unscale_cuda.sum_of_squares(g)  # a reduction kernel: no float64 copy on the GPU
     flat = g.ravel()
     xp = get_array_module(g)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from tinyamp.backend import get_array_module
+from tinyamp.optim import fused_cuda
 from tinyamp.optim.optimizer import Optimizer, Params
 
 
@@ -73,6 +74,12 @@ class Adam(Optimizer):
         xp.divide(m, tmp, out=tmp)
         tmp *= lr / (1 - beta1**t)
         w -= tmp
+
+    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any) -> bool:
+        fused_cuda.adam_step(
+            w, g, state, copy, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled_weight_decay
+        )
+        return True
 
 
 class AdamW(Adam):

@@ -15,7 +15,7 @@ tinyamp's AMP layer adds that on top of these optimizers.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,8 @@ import numpy as np
 from tinyamp import backend, dtypes
 from tinyamp.autograd import GradientError
 from tinyamp.ops.broadcasting import accumulation_dtype
+from tinyamp.ops.casting import convert
+from tinyamp.optim import fused_cuda
 from tinyamp.tensor import Tensor
 
 Params = Iterable[Tensor] | Iterable[tuple[str, Tensor]]
@@ -77,12 +79,17 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
-    def step(self) -> None:
+    def step(self, rounded_copies: Sequence[Any] | None = None) -> None:
         """Update every parameter that has a gradient, in place.
 
         A parameter whose ``.grad`` is None (it took no part in the loss) is skipped and
         its state is left untouched, as in PyTorch.  A gradient whose shape or dtype
         differs from its parameter is an error, raised before any parameter changes.
+
+        `rounded_copies` (one entry per parameter, or None) are arrays to overwrite with
+        each updated parameter rounded once to their dtype: the model's float16 weights
+        when these parameters are FP32 masters.  On the GPU the update and that rounding
+        are one fused kernel (fused_cuda.py); elsewhere, the update, then the rounding.
         """
         for p, name in zip(self.params, self.names):
             g = p.grad
@@ -92,21 +99,30 @@ class Optimizer:
                     f"{g.shape} and dtype {g.dtype}; a gradient must match its parameter"
                 )
         self.step_count += 1
-        for p, state in zip(self.params, self.state):
+        copies = rounded_copies if rounded_copies is not None else [None] * len(self.params)
+        for p, state, copy in zip(self.params, self.state, copies):
             g = p.grad
             if g is None:
                 continue
             w = p.data
+            if fused_cuda.applies(w, g, copy) and self.fused_update(w, g, state, copy):
+                continue
             if accumulation_dtype(w.dtype) == w.dtype:
                 self.update(w, g, state)
             else:  # 16-bit: compute in float32, round once on the way back
                 w32 = w.astype(np.float32)
                 self.update(w32, g.astype(np.float32), state)
                 w[...] = w32
+            if copy is not None:
+                convert(w, copy.dtype, out=copy)  # one rounding, in place
 
     def update(self, w: Any, g: Any, state: dict[str, Any]) -> None:
         """Change the array `w` in place from its gradient `g` (never modified) and its `state`."""
         raise NotImplementedError
+
+    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any) -> bool:
+        """``update`` and the rounding of `w` into `copy` as one GPU kernel; False if this optimizer has none."""
+        return False
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

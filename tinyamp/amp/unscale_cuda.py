@@ -1,0 +1,54 @@
+"""Unscaling on the GPU: one kernel pass per gradient divides by the scale and flags inf/NaN.
+
+On NumPy, unscaling is a multiply and the finiteness check comes from the sum of squares
+(scaler.py).  On the GPU every pass is a trip through memory, so one
+``cupy.ElementwiseKernel`` multiplies each gradient by 1/scale in place (in float32,
+rounded once into the gradient's dtype, as ``_multiply_`` does on the CPU: the same bits)
+and raises a per-gradient device flag when the stored result is not finite.  A reduction
+kernel sums the squares in float64 for the gradient norm without a float64 copy of the
+gradient.  The flags and the sums then travel to the host together: one read per step.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from tinyamp import backend
+
+_UNSCALE = """
+float v = __fmul_rn((float)g, inverse);
+g = (T)v;
+if (!isfinite((float)g)) flag[0] = 1;
+"""
+
+
+@cache
+def _kernels() -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
+    cupy = backend.array_module("cuda")
+    unscale = cupy.ElementwiseKernel("float32 inverse", "T g, raw int32 flag", _UNSCALE, "tinyamp_unscale")
+    squares = cupy.ReductionKernel(
+        "T x", "float64 total", "(double)(float)x * (double)(float)x", "a + b", "total = a", "0",
+        "tinyamp_sum_of_squares",
+    )  # fmt: skip
+    return unscale, squares
+
+
+def applies(g: Any) -> bool:
+    """A float16 or float32 CuPy gradient (float64 ones take the generic path)."""
+    return not isinstance(g, np.ndarray) and g.dtype in (np.float16, np.float32)
+
+
+def unscale_(g: Any, inverse: float) -> Any:  # pragma: no cover - needs a GPU
+    """g *= inverse in place, in one pass; returns a device int32 flag, 1 if g now holds inf or NaN."""
+    cupy = backend.array_module("cuda")
+    flag = cupy.zeros((), np.int32)
+    _kernels()[0](np.float32(inverse), g, flag)
+    return flag
+
+
+def sum_of_squares(g: Any) -> Any:  # pragma: no cover - needs a GPU
+    """sum(g^2) in float64, as a 0-d device array, without a float64 copy of g."""
+    return _kernels()[1](g)
