@@ -1,0 +1,364 @@
+# %% [markdown]
+# # 4. FP32 master weights
+#
+# Tutorial 3 trained a network with FP16 weights and watched most of its late weight updates
+# vanish: an update smaller than half an ulp of its weight rounds back to the weight. The fix
+# of Micikevicius et al. (2018) is to keep a second copy of every weight in FP32, the *master*
+# copy. The optimizer updates the masters, where small updates are kept and add up, and the
+# FP16 weights the model computes with are re-rounded from the masters after every step.
+#
+# You will learn:
+#
+# - the exact rule for a lost update: where "2048 times" comes from, why it is the best case,
+#   and the role of ties-to-even;
+# - how `tinyamp.amp.MasterWeights` wraps an optimizer, what each copy holds, and what it costs
+#   in memory;
+# - how many updates the masters save at each step of a real training run, and that the run
+#   then follows FP32.
+#
+# Time: about 10 seconds to run, 20 minutes to read.
+
+# %%
+import contextlib
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+import tinyamp as ta
+from tinyamp import optim
+from tinyamp.amp import MasterWeights, autocast, formats
+from tinyamp.experiments.tasks import DigitsMLP
+
+# figures go next to this file (or the notebook's folder, where __file__ is not defined)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
+OUT.mkdir(parents=True, exist_ok=True)
+
+# %% [markdown]
+# ## 1. The 2048x rule, exactly
+#
+# Take an FP16 weight $w = 1$ and add an update $u = w / r$ for a range of ratios $r$. The
+# optimizer computes $w + u$ in FP32 (exactly, for these values) and rounds the result to FP16
+# once. Above 1 the FP16 values are $2^{-10}$ apart, so $1 + u$ rounds back to 1 when $u$ is
+# below half of that, $2^{-11} = 1/2048$. At exactly $u = 2^{-11}$ the sum is halfway between 1
+# and $1 + 2^{-10}$, and ties go to the even neighbour: 1, whose last mantissa bit is 0.
+
+
+# %%
+def lost(w, u):
+    """True where fp16(w + u) == w for an FP16 weight w and an update u (the sum rounded once)."""
+    return formats.round_to(np.asarray(w, np.float64) + u) == w
+
+
+for r in (1024, 2000, 2047, 2047.9, 2048, 2048.1, 3000, 4096, 8192):
+    moved_to = float(formats.round_to(1.0 + 1.0 / r))
+    print(f"w = 1, u = w/{r:<6}: fp16(w + u) = {moved_to:.10f}  {'lost' if lost(1.0, 1.0 / r) else 'moved'}")
+assert not lost(1.0, 1 / 2047.9) and lost(1.0, 1 / 2048) and lost(1.0, 1 / 2048.1)
+
+# %% [markdown]
+# So for $w = 1$ the threshold is exactly 2048: every update at least 2048 times smaller than the
+# weight is lost, with the boundary case decided by ties-to-even. The same tie can also go the
+# other way. For $w = 1 + 2^{-10}$, whose last mantissa bit is 1, the update $2^{-11}$ lands
+# halfway between $w$ and $1 + 2^{-9}$, and the even neighbour is the upper one: the weight
+# moves by a whole ulp, twice the update.
+
+# %%
+w_odd = 1 + 2.0**-10
+print(f"w = 1 + 2^-10, u = 2^-11: fp16(w + u) = {float(formats.round_to(w_odd + 2.0**-11))}")
+assert formats.round_to(w_odd + 2.0**-11) == 1 + 2.0**-9
+assert formats.round_to(1.0 + 2.0**-11) == 1.0
+
+# %% [markdown]
+# Is 2048 the threshold for every weight? Half an ulp is the same, $2^{-11}$, for every $w$ in
+# $[1, 2)$, but the *ratio* $w/u$ at which $u$ reaches it grows with $w$: from 2048 at $w = 1$
+# to almost 4096 at $w = 2 - 2^{-10}$. And an update toward zero from a power of two meets the
+# finer spacing of the binade below (the FP16 values just under 1 are $2^{-11}$ apart), so there
+# the threshold is 4096. We measure the threshold for all 1024 FP16 weights in $[1, 2)$ and the
+# same in $[2, 4)$, in both directions, over a fine grid of ratios that contains 1024, 2048,
+# 4096 and 8192 exactly.
+
+# %%
+# every FP16 value in [1, 4): 1024 per binade, 2^-10 apart in [1, 2) and 2^-9 apart in [2, 4)
+weights = np.concatenate([1 + np.arange(1024) / 1024, 2 + np.arange(1024) / 512])
+assert np.array_equal(formats.round_to(weights), weights)
+ratios = 2048 * 2.0 ** (np.arange(-1024, 2049) / 1024)  # 1024 ... 8192, exact powers of two included
+thresholds = {}
+for direction, sign in (("away from zero", 1), ("toward zero", -1)):
+    is_lost = lost(weights[:, None], sign * weights[:, None] / ratios[None, :])
+    # once lost, lost for every larger ratio: the rule is a threshold, not a pattern
+    assert np.all(np.diff(is_lost.astype(int), axis=1) >= 0)
+    thresholds[direction] = ratios[np.argmax(is_lost, axis=1)]
+    assert not is_lost[:, ratios < 2048].any() and is_lost[:, ratios >= 4096].all()
+    low, high = thresholds[direction].min(), thresholds[direction].max()
+    print(f"updates {direction}: the threshold ratio w/|u| ranges from {low:.0f} to {high:.1f}")
+
+ones = weights == 1
+assert thresholds["away from zero"][ones] == 2048 and thresholds["toward zero"][ones] == 4096
+# away from zero the half-ulp is constant over a binade, so the ratio threshold grows with w
+binade = np.floor(np.log2(weights))
+assert np.allclose(thresholds["away from zero"], 2048 * weights / 2**binade, rtol=1e-3)
+
+# %% [markdown]
+# The measurement gives the precise form of the rule, for any normal FP16 weight:
+#
+# - an update is **never lost** while the weight is less than 2048 times larger than it;
+# - an update is **always lost** once the weight is 4096 or more times larger;
+# - in between it depends on where the weight sits in its binade $[2^k, 2^{k+1})$: 2048 for a
+#   weight at the start of the binade (a power of two), nearly 4096 at its end.
+#
+# The "2048" usually quoted is therefore where losses *begin*: the best case for the update.
+# (For BF16, with 7 mantissa bits instead of 10, the same numbers are 256 and 512.) One
+# detail matters right at the threshold: the numbers above add the update exactly, as tinyamp's
+# optimizers do (in FP32). `formats.update_is_lost` models a pure FP16 addition, which rounds the
+# update itself to FP16 first; that can move an update within $2^{-11}$ of the threshold across
+# it, as for $u = 1/2047.9$:
+
+# %%
+print(
+    "update 1/2047.9 on w = 1: added in FP32 ->",
+    "lost" if lost(1.0, 1 / 2047.9) else "moved",
+    "| rounded to FP16 first (update_is_lost) ->",
+    "lost" if formats.update_is_lost(1.0, 1 / 2047.9) else "moved",
+)
+assert formats.update_is_lost(1.0, 1 / 2047.9) and not lost(1.0, 1 / 2047.9)
+
+fig, ax = plt.subplots(figsize=(7.5, 3.8))
+ax.plot(weights, thresholds["away from zero"], color="#1f77b4", lw=1.3, label="update away from zero")
+ax.plot(weights, thresholds["toward zero"], color="#ff7f0e", lw=1.0, ls="--", label="update toward zero")
+ax.axhspan(ratios[0], 2048, color="#2ca02c", alpha=0.12, label="always kept: w < 2048 |u|")
+ax.axhspan(4096, ratios[-1], color="#d62728", alpha=0.12, label="always lost: w >= 4096 |u|")
+ax.set_yscale("log", base=2)
+ax.set_xlabel("FP16 weight w")
+ax.set_ylabel("smallest ratio w/|u| at which u is lost")
+ax.set_title("When does fp16(w + u) == w?")
+ax.legend(fontsize=8, loc="upper left")
+fig.tight_layout()
+rule_path = OUT / "04_lost_update_threshold.png"
+fig.savefig(rule_path, dpi=110)
+plt.close(fig)
+assert rule_path.exists()
+
+# %% [markdown]
+# The two curves coincide except at the powers of two, where a step toward zero meets the
+# finer spacing of the binade below: there any update larger than $w/4096$ moves the weight
+# (the orange spike at $w = 1$). Each binade repeats the same sawtooth: the rule depends on the
+# ratio $w/|u|$ and on where $w$ sits in its binade, not on the size of $w$.
+#
+# ## 2. Master weights on one weight
+#
+# Before a network, one weight. An FP16 parameter $w = 1$ receives the same gradient $-1$ at
+# every step, and SGD with learning rate $10^{-4}$ adds $10^{-4}$ each time: a weight 10,000
+# times larger than its update, far beyond the 4096 limit. We run 200 steps twice: with SGD
+# updating the FP16 parameter directly, and with the same SGD wrapped in `MasterWeights`.
+
+
+# %%
+def one_weight_run(use_master, steps=200):
+    w = ta.tensor([1.0], dtype="float16", requires_grad=True)
+    opt = optim.SGD([("w", w)], lr=1e-4)
+    if use_master:
+        opt = MasterWeights(opt)
+    for _ in range(steps):
+        w.grad = np.array([-1.0], dtype=np.float16)  # the same gradient every step
+        opt.step()
+    return w, opt
+
+
+w_plain, _ = one_weight_run(use_master=False)
+w_model, masters = one_weight_run(use_master=True)
+master = masters.master_params[0]
+print(f"plain SGD on the FP16 weight:  w = {w_plain.data[0]}")
+print(f"with MasterWeights: FP32 master = {master.data[0]:.7f}, FP16 model weight = {w_model.data[0]}")
+print(masters.history[-1])
+assert w_plain.data[0] == 1.0  # 200 updates, all lost
+assert abs(master.data[0] - 1.02) < 1e-5  # the master kept every one of them
+assert w_model.data[0] == master.data[0].astype(np.float16)  # the model weight is the rounded master
+assert (w_model.data[0] - 1) / formats.ulp(1.0) == 20  # 1.02 is 20.48 ulps above 1: rounded, 20
+records = masters.history
+assert all(r.lost == r.changed == 1 for r in records)  # every single update would have been lost ...
+moves = sum(r.unchanged == 0 for r in records)
+print(f"the FP16 weight moved at {moves} of the 200 steps")
+assert 0 < moves < 200  # ... yet the FP16 copy moves whenever the master crosses a rounding boundary
+
+# %% [markdown]
+# Each update, taken alone, is lost, and `MasterWeights` records that (`lost == changed` at
+# every step). But the master keeps it: after 200 steps it holds $1.02$, and the FP16 weight,
+# re-rounded from it at every step, has moved 20 ulps. It moves in jumps, at the steps where the
+# master crosses a rounding boundary. Without the master, 200 steps of training left the weight
+# exactly where it started.
+#
+# ## 3. Master weights on the digits MLP
+#
+# Now the network of tutorial 3, the same 64-256-256-10 MLP with the same optimizer settings,
+# batches and initial weights. `MasterWeights(optimizer)` rebinds the optimizer to FP32 copies
+# of the FP16 parameters and keeps both lists.
+
+# %%
+STEPS = 1500
+task = DigitsMLP(batch_size=32)
+model = task.make_model().half()
+opt = MasterWeights(task.make_optimizer(model.named_parameters()))
+print(opt)
+print(opt.summary())
+assert opt.master_bytes == 2 * opt.model_bytes  # 4 bytes per weight against 2
+
+first_model, first_master = opt.model_params[0], opt.master_params[0]
+print("model  (FP16) 0.weight[0, :4]:", first_model.data[0, :4])
+print("master (FP32) 0.weight[0, :4]:", first_master.data[0, :4])
+assert first_model.dtype == np.float16 and first_master.dtype == np.float32
+assert np.array_equal(first_master.data, first_model.data.astype(np.float32))  # widening is exact
+
+# %% [markdown]
+# The masters cost 4 bytes per weight on top of the model's 2, so weights and masters together
+# take 6 bytes per parameter, more than FP32 training's 4. Mixed precision saves its memory
+# elsewhere: in the activations the graph keeps for backward (tutorial 7).
+#
+# One step, with each role spelled out. The backward pass leaves FP16 gradients on the model's
+# parameters; `gather_grads` widens them into the masters' `.grad` (exact, and the place where a
+# loss scaler unscales them, in FP32); `step` runs the SGD update on the masters and writes the
+# rounded masters back into the FP16 weights.
+
+# %%
+batch = next(task.batches())
+opt.zero_grad()
+with autocast("float16"):
+    loss = task.loss(model, batch)
+loss.backward()
+print("model gradient:", first_model.grad.dtype, " loss:", float(loss.item()))
+opt.gather_grads()
+print("master gradient:", first_master.grad.dtype)
+assert np.array_equal(first_master.grad, first_model.grad.astype(np.float32))
+opt.step()
+assert all(np.array_equal(m.data.astype(np.float16), p.data) for p, m in zip(opt.model_params, opt.master_params))
+record = opt.history[-1]
+print(record, f"-> lost_update_fraction {opt.lost_update_fraction:.1%}")
+assert 0.2 < opt.lost_update_fraction < 0.5  # about a third, at the full learning rate
+
+# %% [markdown]
+# The record counts, among the weight elements whose master changed, those whose update would
+# have been lost had it been added to the FP16 weight directly (`lost`), and those whose FP16
+# copy did not change this step (`unchanged`). Already at the first step, with the full learning
+# rate, about a third of the updates are too small for FP16. (The model, optimizer and one step
+# we just took are only a demonstration; the training below starts afresh.)
+#
+# ## 4. Training: FP32, FP16, and FP16 with master weights
+#
+# Three runs from the same initial weights on the same batches: FP32; FP16 weights updated in
+# place, as in tutorial 3; and FP16 weights with FP32 masters. The two FP16 runs compute the
+# forward and backward passes the same way (autocast, FP16 products with FP32 accumulation,
+# loss in FP32); they differ only in where the optimizer's update goes.
+
+
+# %%
+def train(precision):
+    """Train a fresh MLP in "fp32", "fp16" or "fp16+master"; return the losses, scores and optimizer."""
+    model = task.make_model()
+    if precision != "fp32":
+        model.half()
+    sgd = task.make_optimizer(model.named_parameters())
+    opt = MasterWeights(sgd) if precision == "fp16+master" else sgd
+    forward_context = contextlib.nullcontext if precision == "fp32" else (lambda: autocast("float16"))
+    losses = []
+    batches = task.batches()
+    for step in range(STEPS):
+        batch = next(batches)
+        sgd.lr = task.lr_at(step, STEPS)  # the learning rate lives on the inner optimizer
+        opt.zero_grad()
+        with forward_context():
+            loss = task.loss(model, batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return np.array(losses), task.evaluate(model, forward_context), opt
+
+
+runs = {name: train(name) for name in ("fp32", "fp16", "fp16+master")}
+for name, (losses, scores, _) in runs.items():
+    print(
+        f"{name:<12} loss on the training set {scores['train_loss']:.5f}, "
+        f"last 150 steps {losses[-150:].mean():.5f}, test accuracy {scores['accuracy']:.2%}"
+    )
+
+(loss32, s32, _), (loss16, s16, _), (loss_m, s_m, masters) = runs.values()
+gap16 = s16["train_loss"] / s32["train_loss"] - 1
+gap_m = s_m["train_loss"] / s32["train_loss"] - 1
+print(f"training-set loss above FP32's: fp16 {gap16:+.1%}, fp16+master {gap_m:+.1%}")
+assert gap16 > 0.1  # without masters the loss ends clearly higher (tutorial 3) ...
+assert abs(gap_m) < 0.03 and abs(gap_m) < gap16 / 4  # ... with them it follows FP32
+assert abs(loss_m[-150:].mean() / loss32[-150:].mean() - 1) < 0.05
+
+# %% [markdown]
+# With master weights the FP16 network reaches FP32's training loss to within a fraction of a
+# percent, while the FP16 network without them ends more than 10% higher. The remaining
+# difference between `fp16+master` and FP32 is the FP16 arithmetic of the forward and backward
+# passes, which the masters do not touch.
+#
+# `MasterWeights.history` has a record for every step; `lost_update_history` turns it into the
+# fraction of updates that FP16 weights would have lost, ready to plot.
+
+# %%
+lost_fraction = np.array(masters.lost_update_history)
+fifth = STEPS // 5
+print(
+    f"updates that FP16 would have lost: first fifth of the run {np.nanmean(lost_fraction[:fifth]):.1%}, "
+    f"last fifth {np.nanmean(lost_fraction[-fifth:]):.1%}"
+)
+assert len(lost_fraction) == STEPS
+assert np.nanmean(lost_fraction[-fifth:]) > 0.8 > 0.4 > np.nanmean(lost_fraction[:fifth])
+
+fig, (ax_loss, ax_lost) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True)
+window = 50
+kernel = np.ones(window) / window
+steps_smooth = np.arange(STEPS - window + 1) + window - 1
+styles = {"fp32": ("#000000", "-"), "fp16": ("#d62728", "-"), "fp16+master": ("#1f77b4", "--")}
+for name, (losses, _, _) in runs.items():
+    color, ls = styles[name]
+    ax_loss.semilogy(steps_smooth, np.convolve(losses, kernel, mode="valid"), color=color, ls=ls, lw=1.4, label=name)
+ax_loss.set_ylabel("minibatch loss (50-step average)")
+ax_loss.set_title("Digits MLP: FP16 weights with and without FP32 masters")
+ax_loss.grid(True, which="both", alpha=0.3)
+ax_loss.legend()
+ax_lost.plot(
+    np.arange(STEPS),
+    100 * lost_fraction,
+    color="#1f77b4",
+    lw=0.8,
+    label="updates FP16 weights would lose (kept by the masters)",
+)
+ax_lost.set_ylabel("% of updates")
+ax_lost.set_xlabel("step")
+ax_lost.set_ylim(0, 102)
+ax_lost.grid(True, alpha=0.3)
+ax_lost.legend(loc="upper left", fontsize=8)
+fig.tight_layout()
+curves_path = OUT / "04_master_weights_training.png"
+fig.savefig(curves_path, dpi=110)
+plt.close(fig)
+assert curves_path.exists()
+
+# %% [markdown]
+# The lower panel is the reason the blue dashed curve stays on the black one: from a third of
+# the updates at the start to nearly all of them at the end, the masters keep what the FP16
+# weights cannot hold. With a cosine schedule the last steps have a learning rate near zero, so
+# there every update is far below half an ulp; in FP32 those tiny steps still add up, and in the
+# masters they do too.
+#
+# ## Summary
+#
+# - An update $u$ to a normal FP16 weight $w$ is never lost when $w < 2048 |u|$ and always lost
+#   when $w \ge 4096 |u|$; in between it depends on $w$'s place in its binade, and exact halves
+#   are decided by ties-to-even.
+# - `MasterWeights(optimizer)` keeps an FP32 copy of each FP16 weight, runs the optimizer on the
+#   copies, and rounds them into the model after each step, so the FP16 weight is always the
+#   rounded master. Cost: 4 more bytes per weight.
+# - It measures its own usefulness: `history` and `lost_update_fraction` say how many of each
+#   step's updates FP16 weights would have lost. On the digits MLP that grows to nearly 100%,
+#   and with the masters the training loss follows FP32's.
+#
+# Master weights repair the update. The gradients that underflowed in tutorial 3 are still
+# zero when they reach the masters; tutorial 5 brings them back with loss scaling.

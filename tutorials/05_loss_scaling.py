@@ -1,0 +1,440 @@
+# %% [markdown]
+# # 5. Loss scaling
+#
+# FP16 has five exponent bits: its smallest positive value is $2^{-24} \approx 6 \times 10^{-8}$,
+# and many gradients of a trained network are smaller than that. This tutorial shows those
+# gradients vanish in a real FP16 backward pass, and how multiplying the loss by a scale $S$
+# brings them back. We start with a fixed (static) scale, then step tinyamp's dynamic
+# `LossScaler` by hand through overflows and clean steps, watch it on a real training run,
+# and compare the published rules of PyTorch, Apex, Keras, jmp and Chainer on one event sequence.
+#
+# You will learn:
+#
+# - why the gradients of a mean loss underflow in FP16, and how many do on a real model;
+# - why a power-of-two scale is exact, and what a static scale gets wrong;
+# - the dynamic scaler's state machine: back off on overflow, grow after clean steps;
+# - that a skipped step changes no weight and no optimizer moment;
+# - where the published scaler rules differ.
+#
+# Time: about 3 seconds to run, 20 minutes to read.
+
+# %%
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+import tinyamp as ta
+from tinyamp import nn, optim
+from tinyamp.amp import PRESETS, LossScaler, MasterWeights, autocast, formats, presets_table
+from tinyamp.data import load_digits
+
+# figures go next to this file (or the notebook's folder, where __file__ is not defined)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
+OUT.mkdir(parents=True, exist_ok=True)
+
+F16 = formats.get_format("float16")
+print(
+    f"FP16: largest {F16.max}, smallest normal {F16.min_normal:.3g} (2^-14), "
+    f"smallest subnormal {F16.min_subnormal:.3g} (2^-24)"
+)
+
+# %% [markdown]
+# ## 1. Gradients that FP16 cannot hold
+#
+# The gradient of a mean loss over a batch of $N$ examples is the per-example error divided
+# by $N$. Once a network fits its data, the per-example errors $p - y$ of the softmax are
+# small, and after the division many gradient values fall below $2^{-24}$: in FP16 they round
+# to zero. Values between $2^{-24}$ and $2^{-14}$ survive as subnormals, with fewer significant
+# bits the smaller they are.
+#
+# To see it on a real model we train a small MLP on the 8x8 digits in FP32 until its loss is
+# small, then compute the gradient of the loss over the whole training set (1438 images)
+# three ways: in FP32 (the reference), in FP16 under `autocast` with no scaling, and in FP16
+# with the loss multiplied by $S = 2^{16}$.
+
+# %%
+x_train, y_train = load_digits("train")
+X, Y = ta.tensor(x_train), ta.tensor(y_train)
+
+ta.manual_seed(0)
+model = nn.MLP([64, 128, 128, 10])
+sgd = optim.SGD(model.named_parameters(), lr=0.1, momentum=0.9)
+rng = np.random.default_rng(0)
+for _ in range(300):
+    idx = rng.integers(0, len(x_train), 128)
+    loss = ta.cross_entropy(model(ta.tensor(x_train[idx])), ta.tensor(y_train[idx]))
+    sgd.zero_grad()
+    loss.backward()
+    sgd.step()
+
+model.zero_grad()
+full_loss = ta.cross_entropy(model(X), Y)
+full_loss.backward()
+reference = {name: p.grad.astype(np.float64) for name, p in model.named_parameters()}
+print(f"FP32 training loss after 300 steps: {full_loss.item():.4f}")
+
+# %% [markdown]
+# Now the same weights in FP16. `LossScaler(mode="off")` multiplies by 1; a static scaler
+# multiplies the loss by a fixed $S$. Either way `unscale_` hands the gradients to the FP32
+# master copies (`MasterWeights`) and divides them by $S$ *in FP32*, where $2^{-24}/2^{16}$ is
+# an ordinary normal number. What we count is the share of the gradient values that the FP32
+# reference has as nonzero but that arrive at the optimizer as exactly zero.
+
+# %%
+model16 = nn.MLP([64, 128, 128, 10])
+model16.load_state_dict(model.state_dict())
+model16.half()
+opt16 = MasterWeights(optim.SGD(model16.named_parameters(), lr=0.1, momentum=0.9))
+
+
+def gradients_the_optimizer_sees(scaler: LossScaler) -> dict[str, np.ndarray]:
+    """One FP16 backward of the full-batch loss through `scaler`; the unscaled FP32 master gradients."""
+    opt16.zero_grad()
+    with autocast("float16"):
+        loss = ta.cross_entropy(model16(X), Y)
+    scaler.scale_loss(loss).backward()
+    scaler.unscale_(opt16)  # gathers the FP16 gradients into the FP32 masters, then divides by S
+    return {name: m.grad.astype(np.float64) for name, m in zip(opt16.names, opt16.master_params)}
+
+
+def underflow_share(grads: dict[str, np.ndarray]) -> float:
+    """Of the gradient values that are nonzero in FP32, the share that arrived as 0."""
+    lost = sum(int(np.count_nonzero((reference[n] != 0) & (g == 0))) for n, g in grads.items())
+    nonzero = sum(int(np.count_nonzero(r)) for r in reference.values())
+    return lost / nonzero
+
+
+unscaled = gradients_the_optimizer_sees(LossScaler(mode="off"))
+scaled = gradients_the_optimizer_sees(LossScaler(mode="static", init_scale=2.0**16))
+share_unscaled, share_scaled = underflow_share(unscaled), underflow_share(scaled)
+print(f"gradient values lost to underflow, S = 1:     {share_unscaled:7.2%}")
+print(f"gradient values lost to underflow, S = 2^16:  {share_scaled:7.2%}")
+
+# Scaling must cut the underflow at least fourfold (the printout shows by how much).
+assert share_unscaled > 0.01, share_unscaled
+assert share_scaled < share_unscaled / 4, (share_scaled, share_unscaled)
+
+# %% [markdown]
+# The histogram below shows why one multiplication suffices. Multiplying by $2^{16}$ adds 16
+# to every $\log_2 |g|$: the whole distribution slides right, out of the region where FP16
+# rounds to zero, and still ends far below the overflow threshold $65504 \approx 2^{16}$.
+
+# %%
+ref_values = np.concatenate([r.ravel() for r in reference.values()])
+log2g = np.log2(np.abs(ref_values[ref_values != 0]))
+fig, ax = plt.subplots(figsize=(7, 3.5))
+bins = np.arange(-45, 20)
+ax.hist(log2g, bins=bins, alpha=0.6, label="FP32 gradients, S = 1")
+ax.hist(log2g + 16, bins=bins, alpha=0.6, label="the same, times S = 2^16")
+ax.axvspan(bins[0], -25, color="red", alpha=0.12, label="rounds to 0 in FP16")
+ax.axvspan(-25, -14, color="orange", alpha=0.12, label="FP16 subnormal")
+ax.axvline(np.log2(F16.max), color="black", ls="--", lw=1, label="FP16 overflow")
+ax.set_xlabel("log2 |gradient|")
+ax.set_ylabel("values")
+ax.set_title("Weight gradients of a trained MLP, full batch")
+ax.legend(fontsize=7)
+fig.tight_layout()
+hist_path = OUT / "05_gradient_histogram.png"
+fig.savefig(hist_path, dpi=110)
+plt.close(fig)
+assert hist_path.exists()
+
+# %% [markdown]
+# Zeros are the extreme case. Between $2^{-24}$ and $2^{-14}$ FP16 keeps a value as a
+# *subnormal*, with only 1 to 10 significant bits, so the values that survive without a scale
+# are also the least precise. For $S = 2^k$, multiplying and dividing change only the exponent:
+# both are exact as long as no value overflows or lands among the subnormals. Below we count
+# the share of the nonzero FP16 gradient values that were subnormal (before unscaling), and
+# the median relative error, against FP32, of the gradient values that FP32 has below $2^{-14}$.
+# With the scale, what error remains comes from the FP16 forward pass, not from the gradients'
+# format.
+
+# %%
+ref_flat = np.concatenate([r.ravel() for r in reference.values()])
+small = (ref_flat != 0) & (np.abs(ref_flat) < F16.min_normal)
+
+
+def precision_report(grads: dict[str, np.ndarray], scale: float) -> tuple[float, float]:
+    g = np.concatenate([v.ravel() for v in grads.values()])
+    nonzero = g != 0
+    subnormal_share = float(np.mean(np.abs(g[nonzero]) * scale < F16.min_normal))
+    median_error = float(np.median(np.abs(g[small] - ref_flat[small]) / np.abs(ref_flat[small])))
+    return subnormal_share, median_error
+
+
+sub_unscaled, err_unscaled = precision_report(unscaled, 1.0)
+sub_scaled, err_scaled = precision_report(scaled, 2.0**16)
+print(f"{small.mean():.1%} of the FP32 gradient values lie below 2^-14")
+print(
+    f"S = 1:    {sub_unscaled:6.1%} of the FP16 gradients subnormal; median relative error of the small ones "
+    f"{err_unscaled:.2e}"
+)
+print(
+    f"S = 2^16: {sub_scaled:6.1%} of the FP16 gradients subnormal; median relative error of the small ones "
+    f"{err_scaled:.2e}"
+)
+assert sub_unscaled > 0.25 and sub_scaled < sub_unscaled / 10, (sub_unscaled, sub_scaled)
+assert err_scaled < err_unscaled / 2, (err_scaled, err_unscaled)
+
+# %% [markdown]
+# ## 2. Static loss scaling, and what it gets wrong
+#
+# Micikevicius et al. (2018) trained with a constant scale chosen per network (they report
+# factors from 8 to 32K). The trouble is the other end: the largest gradient value times $S$
+# must stay below 65504. The first gradient of the backward pass is $S (p - y) / N$, which for
+# a batch of 128 and $S = 2^{28}$ is about $2^{21} \cdot |p - y|$: infinite in FP16.
+#
+# A scaler never lets an infinite gradient reach the weights. `step` checks every gradient
+# after unscaling; if any is inf or NaN the optimizer is not called at all, and the report
+# names the parameters. We check that literally: every byte of the FP16 weights, the FP32
+# masters and the momentum buffers is the same after the skipped step.
+
+# %%
+ta.manual_seed(1)
+mlp = nn.MLP([64, 64, 64, 10]).half()
+opt = MasterWeights(optim.SGD(mlp.named_parameters(), lr=0.1, momentum=0.9))
+
+
+def training_step(scaler: LossScaler, idx: np.ndarray):
+    """One mixed-precision step on the digits in `idx`; returns the scaler's StepReport and the loss."""
+    with autocast("float16"):
+        loss = ta.cross_entropy(mlp(ta.tensor(x_train[idx])), ta.tensor(y_train[idx]))
+    # An overflow in the backward is the event the scaler is built to detect; NumPy's
+    # "overflow encountered" warnings would only repeat it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaler.scale_loss(loss).backward()
+    report = scaler.step(opt)
+    opt.zero_grad()
+    return report, loss.item()
+
+
+def snapshot() -> list[np.ndarray]:
+    """Every array a step could change: FP16 weights, FP32 masters, optimizer moments."""
+    arrays = [p.data.copy() for p in mlp.parameters()] + [m.data.copy() for m in opt.master_params]
+    return arrays + [v.copy() for s in opt.optimizer.state for v in s.values()]
+
+
+# One clean step first, so that the momentum buffers exist and could be damaged.
+batches = np.random.default_rng(1)
+report, _ = training_step(LossScaler(mode="static", init_scale=2.0**10), batches.integers(0, len(x_train), 128))
+assert not report.skipped
+print(report)
+
+static = LossScaler(mode="static", init_scale=2.0**28)
+for _ in range(3):
+    before = snapshot()
+    report, _ = training_step(static, batches.integers(0, len(x_train), 128))
+    after = snapshot()
+    print(report)
+    assert report.skipped and report.nonfinite_params
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))  # nothing moved, bit for bit
+assert static.scale == 2.0**28 and static.state == "static"
+print(static)
+
+# %% [markdown]
+# The static scaler skips, correctly, and skips again, for ever: its scale never moves, so a
+# scale that overflows once overflows every step. A scale small enough never to overflow
+# must be guessed per model, and the best one changes during training as the gradients
+# shrink. Hence dynamic loss scaling.
+#
+# ## 3. The dynamic scaler, one transition at a time
+#
+# The rule (PyTorch's `GradScaler`, and tinyamp's default), applied once per step:
+#
+# | event | new scale | growth tracker |
+# |---|---|---|
+# | a gradient was inf or NaN | $S \cdot$ `backoff_factor` (0.5), not below `min_scale` | 0 |
+# | clean, and the tracker reaches `growth_interval` | $S \cdot$ `growth_factor` (2), not above `max_scale` | 0 |
+# | clean otherwise | $S$ | $t + 1$ |
+#
+# `update(found_inf)` applies one transition without a model, which lets us drive the
+# machine by hand. We use small numbers so the whole cycle fits on a screen: a start at
+# $2^4$, growth after 3 clean steps, a floor at $2^2$ and a ceiling at $2^6$.
+
+# %%
+hand = LossScaler(init_scale=2.0**4, growth_interval=3, min_scale=2.0**2, max_scale=2.0**6)
+print(hand)
+events = [False] * 9 + [True] * 5 + [False] * 4 + [True] + [False] * 3
+print(f"{'step':>4}  {'found_inf':>9}  {'scale before':>12}  {'scale after':>11}  {'event':<12}  {'tracker':>7}  state")
+for found_inf in events:
+    e = hand.update(found_inf)
+    print(
+        f"{e.step:>4}  {e.found_inf!s:>9}  {e.scale_before:>12g}  {e.scale_after:>11g}  "
+        f"{e.event:<12}  {e.growth_tracker:>7}  {e.state}"
+    )
+print(hand.history[-1])
+
+# %% [markdown]
+# Read the table against the rule. Three clean steps double the scale (steps 2 and 5); at
+# the ceiling, growth is refused (`hit_ceiling`). Each overflow halves it, down to the floor,
+# where a further overflow is `hit_floor`. After an overflow the tracker restarts from 0, so
+# growth waits a full interval again. The asserts below recompute these facts from the
+# recorded history, not from the table we expect.
+
+# %%
+h = hand.history_columns()
+for i, e in enumerate(hand.history):
+    if e.found_inf:
+        assert e.scale_after == max(e.scale_before / 2, 2.0**2) and e.growth_tracker == 0
+    elif e.event == "grew":
+        assert e.scale_after == 2 * e.scale_before and e.growth_tracker == 0
+        assert all(not hand.history[j].found_inf for j in range(i - 2, i + 1))  # three clean steps
+    elif e.event == "held":
+        assert e.scale_after == e.scale_before
+assert max(h["scale_after"]) == 2.0**6 and min(h["scale_after"]) == 2.0**2
+assert "hit_ceiling" in h["event"] and "hit_floor" in h["event"]
+assert {"steady", "backed_off", "at_floor", "at_ceiling"} <= set(h["state"])
+
+# %% [markdown]
+# ## 4. A real run: the sawtooth
+#
+# Now the scaler drives a training run of the MLP in mixed precision (FP16 weights, FP32
+# masters). We start it deliberately too high, at $2^{24}$, and shorten PyTorch's growth
+# interval from 2000 to 20 steps so that a short run shows several cycles:
+# `LossScaler.preset("pytorch", init_scale=2.0**24, growth_interval=20)`.
+#
+# The scale first backs off until no gradient overflows, then grows every 20 clean steps
+# until a step overflows again: the sawtooth of dynamic loss scaling. As training proceeds the
+# gradients shrink, and the scale that fits them rises.
+
+# %%
+scaler = LossScaler.preset("pytorch", init_scale=2.0**24, growth_interval=20)
+losses, skipped_moved = [], []
+for _ in range(200):
+    before = snapshot()
+    report, loss_value = training_step(scaler, batches.integers(0, len(x_train), 128))
+    losses.append(loss_value)
+    if report.skipped:
+        skipped_moved.append(any(not np.array_equal(a, b) for a, b in zip(before, snapshot())))
+    if report.skipped and len(skipped_moved) <= 8:
+        print(report)
+
+run = scaler.history_columns()
+n_skipped = sum(run["found_inf"])
+print(f"{n_skipped} of {len(losses)} steps skipped; scale at the end 2^{np.log2(scaler.scale):.0f}")
+print(f"loss: first 10 steps {np.mean(losses[:10]):.3f}, last 10 steps {np.mean(losses[-10:]):.3f}")
+
+assert n_skipped >= 3 and not any(skipped_moved)  # skipped steps happened, and changed nothing
+assert run["scale_after"][0] == 2.0**23  # the first step overflowed and halved the scale
+assert run["event"].count("grew") >= 2  # clean runs of 20 steps doubled it again
+assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])  # and the model trained meanwhile
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(7, 6))
+for ax, cols, title in (
+    (axes[0], h, "Driven by hand: growth_interval 3, floor 2^2, ceiling 2^6"),
+    (axes[1], run, "Training the MLP: pytorch preset, init 2^24, growth_interval 20"),
+):
+    steps = np.array(cols["step"])
+    scale_after = np.log2(cols["scale_after"])
+    skipped = np.array(cols["found_inf"])
+    ax.step(steps, scale_after, where="post", label="log2 scale after the step")
+    ax.plot(steps[skipped], np.log2(cols["scale_before"])[skipped], "rx", label="skipped step (overflow)")
+    ax.set_ylabel("log2 S")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+axes[1].set_xlabel("step")
+fig.tight_layout()
+trajectory_path = OUT / "05_scale_trajectory.png"
+fig.savefig(trajectory_path, dpi=110)
+plt.close(fig)
+assert trajectory_path.exists()
+
+# %% [markdown]
+# ## 5. The published rules, side by side
+#
+# Every framework with mixed precision ships a dynamic scaler, and they agree on the idea but
+# not on the constants: the starting scale, the bounds, the dtype the scale is stored in, and
+# Chainer's warm-up. tinyamp has each as a preset; the table is generated from the presets
+# themselves.
+
+# %%
+print(presets_table())
+
+# %% [markdown]
+# To compare the rules we feed all five the *same* sequence of overflow events. (In real
+# training the events depend on the scale: a smaller scale overflows less. Fixing the sequence
+# isolates the rule.) The sequence: 2500 clean steps, one overflow (it also ends Chainer's
+# warm-up), 19499 clean steps, a burst of 30 consecutive overflows, then 1970 clean steps.
+
+# %%
+N_STEPS = 24000
+overflow = np.zeros(N_STEPS, dtype=bool)
+overflow[2500] = True
+overflow[22000:22030] = True
+
+trajectories: dict[str, np.ndarray] = {}
+for name in PRESETS:
+    s = LossScaler.preset(name)
+    for found_inf in overflow:
+        s.update(bool(found_inf))
+    trajectories[name] = np.array(s.history_columns()["scale_after"])
+
+checkpoints = [15, 1999, 2500, 21999, 22029, 23999]
+print(f"{'preset':<9}" + "".join(f"{'after ' + str(k):>14}" for k in checkpoints) + f"{'max':>12}{'min':>12}")
+for name, tr in trajectories.items():
+    row = "".join(f"{tr[k]:>14.6g}" for k in checkpoints)
+    print(f"{name:<9}{row}{tr.max():>12.6g}{tr.min():>12.6g}")
+
+# %% [markdown]
+# What the table shows, each a documented difference of the rules:
+#
+# - **Growth after 2000 clean steps.** PyTorch, Apex, Keras and jmp double their scale at the
+#   2000th clean step; Keras and jmp start at $2^{15}$, so they end one power of two below
+#   PyTorch. Chainer instead doubles at *every* clean step until its first overflow, and is
+#   clamped at its ceiling of 65504 (the FP16 maximum, not a power of two) after 16 steps.
+# - **The ceiling.** Apex caps the scale at $2^{24}$; PyTorch only refuses a growth whose
+#   float32 result would be infinite, so after 19499 clean steps it reaches $2^{25}$.
+# - **The floor.** After 30 overflows in a row PyTorch, Apex and Keras have halved their
+#   scale far below 1 (with enough overflows PyTorch's reaches 0); jmp and Chainer stop at 1.
+# - **Chainer after its warm-up** grows by $2^{1/1000}$ per clean step, and its ceiling 65504
+#   (whose half is 32752) is no power of two either: its scale leaves the powers of two, so
+#   scaling and unscaling are no longer exact.
+
+# %%
+pt, apex, keras, jmp, chainer = (trajectories[n] for n in ("pytorch", "apex", "keras", "jmp", "chainer"))
+assert pt[1998] == 2.0**16 and pt[1999] == 2.0**17  # PyTorch grows at the 2000th clean step
+assert keras[1999] == 2.0**16 and jmp[1999] == 2.0**16  # from 2^15: one power of two lower
+assert chainer[15] == F16.max and chainer[1999] == F16.max  # warm-up doubling, clamped at 65504
+assert apex.max() == 2.0**24 and pt.max() == 2.0**25  # Apex's ceiling; PyTorch has none below inf
+assert pt[22029] < 1 and apex[22029] < 1 and keras[22029] < 1  # no floor
+assert jmp[22029] == 1.0 and chainer[22029] == 1.0  # floor at 1
+grown = chainer[2501:21999]
+assert not np.all(np.log2(grown) == np.round(np.log2(grown)))  # per-step growth leaves the powers of two
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+for (name, tr), style in zip(trajectories.items(), ["-", "--", "-.", ":", "-"]):
+    ax.step(np.arange(N_STEPS), np.log2(tr), where="post", label=name, lw=1.6, ls=style)
+ax.plot(np.flatnonzero(overflow), np.full(int(overflow.sum()), -8.0), "r|", ms=8, label="overflow event")
+ax.set_xlabel("step")
+ax.set_ylabel("log2 S")
+ax.set_title("Five published loss-scaler rules on one event sequence", fontsize=9)
+ax.grid(alpha=0.3)
+ax.legend(fontsize=7, ncol=3)
+fig.tight_layout()
+presets_path = OUT / "05_presets.png"
+fig.savefig(presets_path, dpi=110)
+plt.close(fig)
+assert presets_path.exists()
+
+# %% [markdown]
+# ## Summary
+#
+# - Small gradients underflow in FP16 (here several percent of a trained MLP's weight
+#   gradients); multiplying the loss by $S = 2^k$ shifts them into range exactly, and the
+#   division happens in FP32 on the master gradients.
+# - A static scale must be guessed and overflows for ever if guessed too high. The dynamic
+#   scaler backs off on overflow, skips that step without touching any weight or moment, and
+#   grows again after a run of clean steps.
+# - The published rules share that idea and differ in the constants: start, bounds, the
+#   scale's dtype, and Chainer's warm-up.
+#
+# Next: which operations must stay in FP32 even with a good loss scale (tutorial 6).

@@ -1,0 +1,359 @@
+# %% [markdown]
+# # 6. The op policy: what stays in FP32, and why
+#
+# Mixed precision does not run every operation in FP16. Matrix products do, because their
+# FP16 inputs multiply exactly and are accumulated in FP32 (tutorial 8). Other operations
+# would overflow, underflow or lose their sums in FP16, and `autocast` keeps them in FP32.
+# The rule for each op is a row of a table you can print and change.
+#
+# You will learn:
+#
+# - the four rules of tinyamp's op policy ("lower", "lower_fp32_out", "fp32", "promote");
+# - what goes wrong in FP16 for exp and softmax, log and the loss, large sums, and layer
+#   norm, each shown on numbers, and that autocast gets finite, correct answers;
+# - how to override one entry of the table and see the effect;
+# - how to read the cast log of a forward pass, and why a weight used twice is cast once.
+#
+# Time: about 2 seconds to run, 15 minutes to read.
+
+# %%
+import os
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+import tinyamp as ta
+from tinyamp import autograd, nn
+from tinyamp.amp import DEFAULT_POLICY, autocast, format_policy, formats
+from tinyamp.ops.casting import Cast
+
+# figures go next to this file (or the notebook's folder, where __file__ is not defined)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
+OUT.mkdir(parents=True, exist_ok=True)
+
+# The failures below are the lesson; NumPy's "overflow encountered" warnings would only repeat them.
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+F16 = formats.get_format("float16")
+
+# %% [markdown]
+# ## 1. The table
+#
+# `autocast` consults one dictionary, op name to rule:
+#
+# - **lower**: cast floating inputs to FP16 and compute there (matmul, linear);
+# - **lower_fp32_out**: the same products, but return the FP32 accumulator unrounded;
+# - **fp32**: cast inputs to FP32; the output is FP32 (the numerically sensitive ops);
+# - **promote**: mixed FP16/FP32 inputs go to the wider one (elementwise arithmetic).
+#
+# Ops not in the table run in whatever dtype their inputs have.
+
+# %%
+print(format_policy())
+fp32_ops = sorted(op for op, rule in DEFAULT_POLICY.items() if rule == "fp32")
+print("\nkept in FP32:", ", ".join(fp32_ops))
+assert {"softmax", "log_softmax", "cross_entropy", "layer_norm", "sum", "mean", "exp", "log"} <= set(fp32_ops)
+assert DEFAULT_POLICY["matmul"] == DEFAULT_POLICY["linear"] == "lower"
+
+# %% [markdown]
+# Each entry below is tested the same way: the same FP16 input, once under the default policy
+# and once with that one entry overridden to `"lower"` (`autocast(policy={"exp": "lower"})`),
+# against a float64 reference computed from the same FP16-rounded input.
+#
+# ## 2. exp and softmax
+#
+# The largest FP16 value is 65504, and $e^{11.09} \approx 65504$: the exponential of any
+# logit above 11.09 is infinite in FP16. Logits of 12 or more are ordinary in a trained
+# classifier. A naive softmax, $e^{z_i} / \sum_j e^{z_j}$, then divides inf by inf: NaN.
+
+# %%
+logits = ta.tensor([[12.0, 3.0, -1.0, 0.5]], dtype="float16")
+z64 = logits.numpy().astype(np.float64)
+reference = np.exp(z64 - z64.max()) / np.exp(z64 - z64.max()).sum()
+
+
+def naive_softmax(z: ta.Tensor) -> ta.Tensor:
+    e = ta.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+with autocast("float16"):
+    p_policy = naive_softmax(logits)
+with autocast("float16", policy={"exp": "lower"}):
+    p_lowered = naive_softmax(logits)
+print("reference            ", np.round(reference, 6))
+print("exp in FP32 (policy) ", p_policy.numpy(), p_policy.dtype)
+print("exp in FP16          ", p_lowered.numpy())
+assert np.isnan(p_lowered.numpy()).any()
+assert np.all(np.isfinite(p_policy.numpy())) and np.allclose(p_policy.numpy(), reference, rtol=1e-5, atol=1e-7)
+
+# %% [markdown]
+# tinyamp's own `softmax` subtracts the row maximum first, $e^{z_i - m} / \sum_j e^{z_j - m}$:
+# mathematically the same, and every exponent is then at most $e^0 = 1$, so nothing
+# overflows even in FP16. What remains is precision: FP16 keeps 11 significant bits, so the
+# probabilities carry errors of order $2^{-11}$ relative, where FP32 keeps 24 bits. The figure
+# sweeps the logit magnitude for a row of 1000 classes and measures the largest error of each
+# version against float64.
+
+# %%
+rng = np.random.default_rng(0)
+direction = rng.uniform(-1, 1, size=(8, 1000))
+direction[:, 0] = 1.0  # the largest logit of each row equals the magnitude
+magnitudes = np.linspace(1, 20, 39)
+errors: dict[str, list[float]] = {"naive, exp in FP16": [], "stable, FP16 (softmax: lower)": [], "autocast (FP32)": []}
+for m in magnitudes:
+    z = ta.tensor(m * direction, dtype="float16")
+    zz = z.numpy().astype(np.float64)
+    ref = np.exp(zz - zz.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    with autocast("float16", policy={"exp": "lower"}):
+        naive16 = naive_softmax(z).numpy()
+    with autocast("float16", policy={"softmax": "lower"}):
+        stable16 = ta.softmax(z).numpy()
+    with autocast("float16"):
+        policy32 = ta.softmax(z).numpy()
+    for key, p in zip(errors, (naive16, stable16, policy32)):
+        err = np.abs(p.astype(np.float64) - ref).max()
+        errors[key].append(float(err) if np.isfinite(err) else np.nan)
+
+e_naive, e16, e32 = (np.array(v) for v in errors.values())
+print(f"logit magnitude where the naive FP16 softmax first gives NaN: {magnitudes[np.isnan(e_naive)].min():.1f}")
+print(f"largest error, stable FP16 softmax: {np.nanmax(e16):.2e};  autocast (FP32): {np.nanmax(e32):.2e}")
+assert np.all(np.isnan(e_naive[magnitudes > np.log(F16.max)]))  # every magnitude above 11.09 fails
+assert not np.isnan(e_naive[magnitudes < np.log(F16.max)]).any()  # and none below
+assert np.nanmax(e32) < 1e-6 and np.nanmax(e16) > 20 * np.nanmax(e32)
+
+fig, ax = plt.subplots(figsize=(7, 4))
+ax.semilogy(magnitudes, e_naive, "o-", ms=3, label="naive, exp in FP16")
+ax.semilogy(magnitudes, e16, "s-", ms=3, label="stable softmax in FP16 (policy override)")
+ax.semilogy(magnitudes, e32, "^-", ms=3, label="autocast default: softmax in FP32")
+ax.axvspan(np.log(F16.max), magnitudes[-1] + 0.5, color="red", alpha=0.08)
+ax.text(
+    np.log(F16.max) + 0.3,
+    0.5,
+    "e^z > 65504:\nnaive FP16 softmax is NaN",
+    color="red",
+    fontsize=8,
+    transform=ax.get_xaxis_transform(),
+)
+ax.set_xlabel("largest logit in the row")
+ax.set_ylabel("max |p - p_float64|")
+ax.set_title("Softmax of 1000 logits: error against float64", fontsize=9)
+ax.grid(alpha=0.3, which="both")
+ax.legend(fontsize=7, loc="lower right")
+fig.tight_layout()
+softmax_path = OUT / "06_softmax_error.png"
+fig.savefig(softmax_path, dpi=110)
+plt.close(fig)
+assert softmax_path.exists()
+
+# %% [markdown]
+# ## 3. log, and the loss
+#
+# The cross-entropy of an example is $-\log p_y$. A confidently wrong prediction has a tiny
+# $p_y$: a logit gap of 20 gives $p_y = e^{-20} \approx 2 \times 10^{-9}$, below FP16's
+# smallest subnormal $6 \times 10^{-8}$. In FP16 that probability is 0 and its log is
+# $-\infty$: the loss is infinite and every gradient after it is NaN. Computed from the
+# log-softmax in FP32, as `cross_entropy` does under autocast, the loss is simply 20.
+
+# %%
+wrong = ta.tensor([[20.0, 0.0, 0.0]], dtype="float16")  # the label is class 1
+label = ta.tensor([1])
+
+
+def naive_loss(z: ta.Tensor) -> ta.Tensor:
+    return -ta.log(naive_softmax(z)[0, 1])
+
+
+with autocast("float16", policy={"exp": "lower", "log": "lower", "sum": "lower"}):
+    loss16 = naive_loss(wrong)
+with autocast("float16"):
+    loss_naive32 = naive_loss(wrong)
+    loss_ce = ta.cross_entropy(wrong, label)
+exact = 20.0 + np.log1p(2 * np.exp(-20.0))
+print(f"naive -log softmax, all in FP16: {loss16.item()}")
+print(f"naive -log softmax, autocast:    {loss_naive32.item():.6f} ({loss_naive32.dtype})")
+print(f"cross_entropy, autocast:         {loss_ce.item():.6f} ({loss_ce.dtype}); exact {exact:.6f}")
+assert np.isinf(loss16.item())
+assert abs(loss_ce.item() - exact) < 1e-5 and loss_ce.dtype == np.float32
+
+# %% [markdown]
+# ## 4. Sums and means
+#
+# A sum can overflow even when every term is small: 100,000 activations of 1.0 sum to
+# 100,000, which is beyond 65504. And an FP16 *accumulator* stalls long before that: above
+# 2048 the spacing of FP16 values is 2, so $2048 + 1$ is a tie that rounds back to 2048, and
+# a running sum of ones never gets past it.
+#
+# tinyamp's reductions always accumulate in FP32 (see `tinyamp/ops/reduce.py`), so the stall
+# can only be shown with NumPy's FP16 cumulative sum. The policy decides the dtype of the
+# result: with `"sum": "lower"` the FP32 total is rounded to FP16 at the end, and 100,000
+# becomes inf.
+
+# %%
+ones16 = np.ones(100_000, dtype=np.float16)
+running = np.cumsum(ones16, dtype=np.float16)  # an FP16 accumulator, as a naive kernel would use
+print(f"FP16 running sum of 100,000 ones: {running[-1]} (stuck since term {int(np.argmax(running == 2048)) + 1})")
+x = ta.tensor(ones16)
+with autocast("float16"):
+    s_policy, m_policy = x.sum(), x.mean()
+with autocast("float16", policy={"sum": "lower"}):
+    s_lowered = x.sum()
+print(f"sum under autocast: {s_policy.item()} ({s_policy.dtype}); mean {m_policy.item()}")
+print(f"sum with 'sum': 'lower': {s_lowered.item()} ({s_lowered.dtype})")
+assert running[-1] == 2048.0
+assert s_policy.item() == 100_000.0 and s_policy.dtype == np.float32 and m_policy.item() == 1.0
+assert np.isinf(s_lowered.item()) and s_lowered.dtype == np.float16
+
+# %% [markdown]
+# ## 5. Layer norm
+#
+# Layer norm divides by the standard deviation of each row, and the variance is a mean of
+# squares $(x - \mu)^2$. An activation 256 away from its row mean squares to 65536, past
+# FP16's maximum: the variance becomes inf, $1/\sqrt{\mathrm{var}}$ becomes 0, and the
+# output is a row of zeros. No NaN, no error: a silently dead layer. Large activations do
+# occur: the residual stream of a deep transformer grows with depth, and large language models
+# develop outlier features many times larger than the rest (Dettmers et al. 2022). Hence layer
+# norm is on the FP32 side of the table.
+
+# %%
+spreads = np.logspace(0, 3, 31)
+ln_err16, ln_err32 = [], []
+act_rng = np.random.default_rng(1)
+for s in spreads:
+    h = ta.tensor(act_rng.standard_normal((16, 256)) * s, dtype="float16")
+    hh = h.numpy().astype(np.float64)
+    ref = (hh - hh.mean(-1, keepdims=True)) / np.sqrt(hh.var(-1, keepdims=True) + 1e-5)
+    with autocast("float16", policy={"layer_norm": "lower"}):
+        y16 = ta.layer_norm(h).numpy().astype(np.float64)
+    with autocast("float16"):
+        y32 = ta.layer_norm(h).numpy().astype(np.float64)
+    ln_err16.append(np.abs(y16 - ref).max())
+    ln_err32.append(np.abs(y32 - ref).max())
+ln_err16, ln_err32 = np.array(ln_err16), np.array(ln_err32)
+
+h = ta.tensor(np.random.default_rng(2).standard_normal((2, 256)) * 300, dtype="float16")
+with autocast("float16", policy={"layer_norm": "lower"}):
+    dead = ta.layer_norm(h)
+with autocast("float16"):
+    alive = ta.layer_norm(h)
+print(f"activations of spread 300, layer norm in FP16: output range [{dead.numpy().min()}, {dead.numpy().max()}]")
+print(f"the same under autocast (FP32): std of each row {np.round(alive.numpy().std(-1), 4)}")
+print(f"largest error over the sweep: FP16 {ln_err16.max():.2f}, FP32 {ln_err32.max():.2e}")
+assert np.all(dead.numpy() == 0) and np.allclose(alive.numpy().std(-1), 1.0, atol=1e-3)
+assert np.all(ln_err32 < 1e-5)
+assert np.all(ln_err16[spreads > 128] > 1.0) and np.all(ln_err16[spreads < 32] < 0.05)
+
+fig, ax = plt.subplots(figsize=(7, 4))
+ax.loglog(spreads, ln_err16, "s-", ms=3, label="layer norm in FP16 (policy override)")
+ax.loglog(spreads, ln_err32, "^-", ms=3, label="autocast default: layer norm in FP32")
+ax.axvline(256 / 4, color="gray", ls=":", lw=1)
+ax.text(256 / 4 * 1.1, 1e-3, "4 std = 256:\nsome (x - mean)^2 > 65504", fontsize=8)
+ax.set_xlabel("standard deviation of the activations")
+ax.set_ylabel("max |y - y_float64|")
+ax.set_title("Layer norm of 16 rows of 256 activations", fontsize=9)
+ax.grid(alpha=0.3, which="both")
+ax.legend(fontsize=7)
+fig.tight_layout()
+ln_path = OUT / "06_layer_norm_error.png"
+fig.savefig(ln_path, dpi=110)
+plt.close(fig)
+assert ln_path.exists()
+
+# %% [markdown]
+# ## 6. The cast log of a forward pass
+#
+# `autocast(log_casts=True)` records every cast it makes: which op asked, from which dtype to
+# which, the shape, and whether the copy came from the block's cache. Here is one forward pass
+# of a small network with FP32 parameters (PyTorch's usual setting; tutorial 4 keeps FP16
+# weights with FP32 masters instead, and then the linear layers need no cast at all).
+
+# %%
+ta.manual_seed(0)
+net = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 10))
+xb = ta.tensor(np.random.default_rng(3).standard_normal((4, 16)), dtype="float32")
+yb = ta.tensor(np.array([1, 0, 3, 9]))
+with autocast("float16", log_casts=True) as ac:
+    loss = ta.cross_entropy(net(xb), yb)
+print(ac.format_cast_log())
+print(f"loss: {loss.item():.4f} ({loss.dtype})")
+
+to16 = {(r.op, r.shape) for r in ac.cast_log if r.to_dtype == "float16"}
+to32 = {(r.op, r.shape) for r in ac.cast_log if r.to_dtype == "float32"}
+assert ("linear", (32, 16)) in to16 and ("linear", (10, 32)) in to16  # weights go down to FP16 ...
+assert ("layer_norm", (4, 32)) in to32 and ("cross_entropy", (4, 10)) in to32  # ... sensitive ops back up
+assert loss.dtype == np.float32
+
+# %% [markdown]
+# Read the log top to bottom: the first linear casts its input, weight and bias to FP16; layer
+# norm takes the FP16 activations back to FP32 (its own FP32 parameters need no cast); GELU
+# is not in the table and runs in whatever it receives; the last linear goes to FP16 again;
+# and the loss widens the FP16 logits to FP32.
+#
+# ## 7. Overriding one entry
+#
+# Change one row, keep the rest: `autocast(policy={"layer_norm": "lower"})`. The log shows the
+# effect directly, and the output dtype of layer norm changes with it.
+
+# %%
+with autocast("float16", policy={"layer_norm": "lower"}, log_casts=True) as ac_low:
+    ln_out = net[1](net[0](xb))
+print(ac_low.format_cast_log())
+with autocast("float16") as ac_default:
+    ln_default = net[1](net[0](xb))
+print(f"layer norm output: {ln_out.dtype} with the override, {ln_default.dtype} by default")
+ln_casts = [r for r in ac_low.cast_log if r.op == "layer_norm"]
+assert ln_out.dtype == np.float16 and ln_default.dtype == np.float32
+assert ln_casts and all(r.to_dtype == "float16" for r in ln_casts)  # its FP32 weight and bias go down
+assert DEFAULT_POLICY["layer_norm"] == "fp32"  # the override lived in that block only
+
+# %% [markdown]
+# ## 8. A weight used twice is cast once
+#
+# Within one autocast block, each parameter is cast once and the copy is reused by every op
+# that reads it. A layer applied twice (weight tying, a recurrent cell, a shared block) thus
+# costs one cast, not two, and its two gradients meet at the single Cast node: they are summed
+# there in FP16 and widened to FP32 once. The cache belongs to the block; the next forward
+# (the next block, after the weights were updated) casts again.
+
+# %%
+ta.manual_seed(1)
+shared = nn.Linear(32, 32)
+xs = ta.tensor(np.random.default_rng(4).standard_normal((4, 32)), dtype="float32")
+
+for forward in range(2):
+    with autocast("float16", log_casts=True) as ac_shared:
+        out = shared(ta.relu(shared(xs)))  # the same layer, twice
+    weight_casts = [r for r in ac_shared.cast_log if r.shape == (32, 32)]
+    cast_nodes = [fn for fn in autograd.walk(out) if isinstance(fn, Cast) and fn.inputs[0] is shared.weight]
+    print(
+        f"forward {forward}: weight cast records {[('cached' if r.cached else 'new') for r in weight_casts]}, "
+        f"Cast nodes of the weight in the graph: {len(cast_nodes)}"
+    )
+    assert [r.cached for r in weight_casts] == [False, True]  # new copy on first use, cached on the second
+    assert len(cast_nodes) == 1  # one FP16 copy per forward
+    first_use = out.creator.inputs[0].creator.inputs[0].creator.inputs[1]
+    assert first_use is out.creator.inputs[1]  # both layers read the very same FP16 tensor
+
+out.float().sum().backward()
+assert shared.weight.grad.dtype == np.float32
+print(f"the shared weight's gradient arrives as {shared.weight.grad.dtype}, shape {shared.weight.grad.shape}")
+
+# %% [markdown]
+# ## Summary
+#
+# - Products go to FP16 because their FP16 inputs multiply exactly and the sum is kept in
+#   FP32. Everything whose range or accumulation matters stays in FP32.
+# - exp overflows above 11.09 (naive softmax gives NaN); the log of a probability below
+#   $6 \times 10^{-8}$ is $-\infty$ (an infinite loss); sums pass 65504 or stall at 2048 in an
+#   FP16 accumulator; layer norm's variance overflows once an activation is 256 from its
+#   mean, and the layer outputs zeros.
+# - The policy is data: print it, override a row per block, read the cast log.
+# - Each parameter is cast once per block, however often it is used.
+#
+# Next: what the FP16 graph saves for backward, and trading compute for memory (tutorial 7).
