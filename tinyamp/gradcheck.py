@@ -74,10 +74,10 @@ def gradcheck(
         numeric = numerical_gradient(scalar, t.data, h)
         bad = np.abs(analytic - numeric) > atol + rtol * np.abs(numeric)
         if bad.any():
-            j = np.unravel_index(int(np.argmax(bad)), t.shape) if t.ndim else ()
+            j = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), t.shape)) if t.ndim else ()
             raise GradientError(
-                f"gradcheck: input {i} (shape {t.shape}) element {j}: backward gives {analytic[j]!r}, "
-                f"finite differences give {numeric[j]!r} (max abs error "
+                f"gradcheck: input {i} (shape {t.shape}) element {j}: backward gives {float(analytic[j])!r}, "
+                f"finite differences give {float(numeric[j])!r} (max abs error "
                 f"{float(np.max(np.abs(analytic - numeric))):.3g}, {int(bad.sum())} elements off)"
             )
     return True

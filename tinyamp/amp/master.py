@@ -1,8 +1,9 @@
 """FP32 master weights: the optimizer updates a float32 copy, the model computes with a 16-bit one.
 
 Why: float16 has 10 mantissa bits, so $1 + 2^{-11}$ rounds back to 1.  An update below
-half an ulp of the weight is *lost*: in float16 a weight that is >= 2048 times its
-update does not move at all, step after step (Micikevicius et al., 2018).  Late in
+half an ulp of the weight is *lost*: in float16 a weight 2048 times its update does not
+move if it is a power of two (the figure Micikevicius et al., 2018 quote), and no normal
+weight 4096 times its update moves, step after step.  Late in
 training, with small learning rates, most updates are that small.  The cure is to keep
 a float32 *master* copy of every 16-bit weight: the optimizer adds each update to the
 master, where it is kept (float32 has 23 mantissa bits), and the model's 16-bit weight
@@ -87,8 +88,8 @@ class MasterWeights:
     round-to-nearest-even; the arrays the model holds are never replaced).
 
     The rule behind it: an update is lost in 16 bits when it is below half an ulp of
-    the weight (float16: a weight >= 2048x the update; bfloat16, with 7 mantissa bits:
-    >= 256x), while float32 keeps it.  Each master starts as the exact widening of its
+    the weight (float16: always from 4096x the update, and from 2048x for a power-of-two
+    weight; bfloat16, with 7 mantissa bits: 512x and 256x), while float32 keeps it.  Each master starts as the exact widening of its
     16-bit parameter (every float16 and bfloat16 value is a float32 value).
 
     A parameter that already has `master_dtype` (a float32 LayerNorm in a float16 model)
