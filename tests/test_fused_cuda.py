@@ -105,3 +105,65 @@ def test_fused_unscale_gives_the_cpu_bits_and_flags_the_nonfinite(dtype: Any) ->
     assert flags["cpu"] == flags["cuda"] == {"a": True, "b": False}
     for x, y in zip(values["cpu"], values["cuda"]):
         assert x.tobytes() == y.tobytes()
+
+
+def test_bookkeeping_restores_counters_and_drops_state_created_by_the_step() -> None:
+    w = ta.tensor(np.ones(4, np.float32), requires_grad=True)
+    opt = optim.Adam([w], lr=0.1)
+    record = opt.bookkeeping()
+    w.grad = np.ones(4, np.float32)
+    opt.step()
+    assert opt.step_count == 1 and opt.state[0]["step"] == 1
+    opt.restore_bookkeeping(record)
+    assert opt.step_count == 0 and opt.state == [{}]  # the moments created by the step are gone
+
+
+def test_a_device_skip_flag_needs_fused_updates() -> None:
+    w = ta.tensor(np.ones(4, np.float32), requires_grad=True)
+    w.grad = np.ones(4, np.float32)
+    opt = optim.SGD([w], lr=0.1)
+    with pytest.raises(ValueError, match="skip_if needs every update fused"):
+        opt.step(rounded_copies=[np.zeros(4, np.float16)], skip_if=np.zeros((), np.int32))
+    assert opt.step_count == 0 and w.data[0] == 1.0  # refused before anything changed
+    model = nn.MLP([3, 2]).half()
+    masters = MasterWeights(optim.SGD(model.parameters(), lr=0.1), track_lost_updates=False)
+    model(ta.tensor(np.ones((1, 3), np.float16))).sum().backward()
+    assert not masters.fuses_every_update()  # NumPy arrays: the CPU path, decided on the host
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["sgd-momentum-wd", "adamw"])
+def test_an_overflow_skipped_on_the_gpu_changes_nothing_and_rolls_back_the_counters(name: str) -> None:
+    ta.manual_seed(0)
+    model = nn.MLP([12, 16, 5]).half().to("cuda")
+    opt = MasterWeights(OPTIMIZERS[name](model.named_parameters()), track_lost_updates=False)
+    scaler = LossScaler(init_scale=2.0**10)
+    x = ta.tensor(np.random.default_rng(0).standard_normal((8, 12)), dtype="float32", device="cuda")
+    y = ta.tensor(np.arange(8) % 5, device="cuda")
+
+    def one_step(poison: bool) -> Any:
+        opt.zero_grad()
+        with autocast():
+            loss = ta.cross_entropy(model(x), y)
+        scaler.scale_loss(loss).backward()
+        if poison:
+            model.parameters()[0].grad[0, 0] = np.inf
+        assert opt.fuses_every_update()  # the GPU-decided path is the one under test
+        return scaler.step(opt)
+
+    one_step(False)  # creates the optimizer state
+    weights = [to_device(p.data, "cpu").copy() for p in opt.model_params + opt.master_params]
+    state = [{k: to_device(v, "cpu").copy() if hasattr(v, "shape") else v for k, v in s.items()}
+             for s in opt.optimizer.state]  # fmt: skip
+    count = opt.optimizer.step_count
+    report = one_step(True)
+    assert report.skipped and report.nonfinite_params
+    assert opt.optimizer.step_count == count
+    for before, p in zip(weights, opt.model_params + opt.master_params):
+        assert before.tobytes() == to_device(p.data, "cpu").tobytes()
+    for before, after in zip(state, opt.optimizer.state):
+        assert before.keys() == after.keys()
+        for k, v in before.items():
+            got = after[k]
+            assert (v.tobytes() == to_device(got, "cpu").tobytes()) if hasattr(v, "shape") else v == got
+    assert not one_step(False).skipped and opt.optimizer.step_count == count + 1

@@ -89,8 +89,9 @@ class MasterWeights:
 
     The rule behind it: an update is lost in 16 bits when it is below half an ulp of
     the weight (float16: always from 4096x the update, and from 2048x for a power-of-two
-    weight; bfloat16, with 7 mantissa bits: 512x and 256x), while float32 keeps it.  Each master starts as the exact widening of its
-    16-bit parameter (every float16 and bfloat16 value is a float32 value).
+    weight; bfloat16, with 7 mantissa bits: 512x and 256x), while float32 keeps it.  Each
+    master starts as the exact widening of its 16-bit parameter (every float16 and bfloat16
+    value is a float32 value).
 
     A parameter that already has `master_dtype` (a float32 LayerNorm in a float16 model)
     is its own master: no copy is made, and the optimizer updates it directly.
@@ -200,13 +201,33 @@ class MasterWeights:
         gathered = self._gathered_from
         return gathered is not None and all(p.grad is g for p, g in zip(self.model_params, gathered))
 
-    def step(self) -> None:
+    def _rounded_copies(self) -> list[Any]:
+        return [
+            model.data if master is not model else None for model, master in zip(self.model_params, self.master_params)
+        ]
+
+    def fuses_every_update(self) -> bool:
+        """True when ``step(skip_if=...)`` can run: every update a fused GPU kernel (and no tracking)."""
+        if not self._gathered_is_current():
+            self.gather_grads()
+        return not self.track_lost_updates and self.optimizer.fuses_every_update(self._rounded_copies())
+
+    def bookkeeping(self) -> Any:
+        """The inner optimizer's step counters and state entries (to undo a step skipped on the GPU)."""
+        return self.optimizer.bookkeeping()
+
+    def restore_bookkeeping(self, record: Any) -> None:
+        self.optimizer.restore_bookkeeping(record)
+
+    def step(self, skip_if: Any = None) -> None:
         """Update the masters with the inner optimizer (math in `master_dtype`), then round them into the model.
 
         Gradients are gathered first unless ``gather_grads()`` already read the current
         model gradients (a backward since then makes step gather again).  The 16-bit
         weight becomes ``master.astype(model dtype)``: one rounding to nearest, ties to
         even, so it always equals the rounded master bit for bit.
+
+        `skip_if`: a device flag for a step the GPU may skip (``Optimizer.step``).
         """
         if not self._gathered_is_current():
             self.gather_grads()
@@ -220,12 +241,10 @@ class MasterWeights:
         if not track:
             # the update and the rounding into the model in one call (one fused kernel per
             # parameter on the GPU); the optimizer checks every gradient before it changes anything
-            copies = [
-                model.data if master is not model else None
-                for model, master in zip(self.model_params, self.master_params)
-            ]
-            self.optimizer.step(rounded_copies=copies)
+            self.optimizer.step(rounded_copies=self._rounded_copies(), skip_if=skip_if)
             return
+        if skip_if is not None:
+            raise ValueError("step(skip_if=...) needs track_lost_updates=False (the measure reads the host)")
         before = [master.data.copy() for _, master in pairs]
         self.optimizer.step()  # checks every gradient before it changes anything
         counts = [0, 0, 0]

@@ -397,6 +397,10 @@ class LossScaler:
         float32 and rounded back once.  If the optimizer has ``gather_grads()`` (FP32
         master weights) it is called first.  Once per step, after backward, before clipping.
         """
+        return self._finish_unscale(optimizer, *self._launch_unscale(optimizer))
+
+    def _launch_unscale(self, optimizer: Any) -> tuple[list[tuple[str, Any]], list[Any], list[Any]]:
+        """unscale_'s device work: gather, unscale, sums of squares; nothing is read back yet."""
         params, names = _optimizer_params(optimizer)
         if self._phase == "unscaled":
             raise ScalerOrderError(
@@ -426,6 +430,12 @@ class LossScaler:
             elif inverse != 1.0:
                 _multiply_(g, inverse)
             squares.append(_sum_of_squares(g))
+        return present, squares, device_flags
+
+    def _finish_unscale(
+        self, optimizer: Any, present: list[tuple[str, Any]], squares: list[Any], device_flags: list[Any]
+    ) -> dict[str, bool]:
+        """unscale_'s host work: the one read of flags and sums, then the per-parameter report."""
         host = _host_floats(squares + device_flags)  # one device-to-host copy per device
         sums, raised = host[: len(squares)], iter(host[len(squares) :])
         # On the CPU, one pass gives both the norm and the finiteness check: an inf or NaN makes
@@ -489,6 +499,7 @@ class LossScaler:
                 "scaler.scale_loss(loss).backward() first (or use mode='off' to train without scaling)"
             )
         if self._phase == "unscaled":
+            stepped = False
             # unscale_ ran earlier and something (clipping, the user) may have written to the
             # gradients since: check again what optimizer.step() is about to read.
             self._check_same_optimizer(optimizer, "step")
@@ -499,9 +510,20 @@ class LossScaler:
             if not all(flags):
                 self._grad_norm = math.sqrt(_to_host([], [_sum_of_squares(g) for _, g in present])[1])
         else:
-            self.unscale_(optimizer)
+            present, squares, device_flags = self._launch_unscale(optimizer)
+            stepped = bool(device_flags) and len(device_flags) == len(present) and _fuses_every_update(optimizer)
+            if stepped:
+                # The skip is decided on the GPU: the update kernels read the overflow flag
+                # themselves, so they are launched before the host has read anything; the one
+                # read below then tells the host whether its counters must be rolled back.
+                found = get_array_module(device_flags[0]).stack(device_flags).max()
+                before = optimizer.bookkeeping()
+                optimizer.step(skip_if=found)
+            self._finish_unscale(optimizer, present, squares, device_flags)
+            if stepped and any(self._unscale_flags.values()):
+                optimizer.restore_bookkeeping(before)
         nonfinite = [name for name, bad in self._unscale_flags.items() if bad]
-        if not nonfinite:
+        if not nonfinite and not stepped:
             optimizer.step()
         scale_before = self._scale
         record = self._transition(bool(nonfinite))
@@ -752,6 +774,14 @@ def _check_config(**c: Any) -> dict[str, Any]:
 
 
 # ---- array helpers (NumPy or CuPy through get_array_module) --------------------------------------------
+def _fuses_every_update(optimizer: Any) -> bool:
+    """True when the optimizer can take a GPU-side skip flag: FP32 master weights whose every
+    update (and rounding into the model) is one fused kernel."""
+    from tinyamp.amp.master import MasterWeights
+
+    return isinstance(optimizer, MasterWeights) and optimizer.fuses_every_update()
+
+
 def _optimizer_params(optimizer: Any) -> tuple[list[Tensor], list[str]]:
     """The optimizer protocol: ``.params`` (Tensors whose .grad step() reads), ``.names``, ``.step()``."""
     params, names = getattr(optimizer, "params", None), getattr(optimizer, "names", None)

@@ -75,9 +75,9 @@ class Adam(Optimizer):
         tmp *= lr / (1 - beta1**t)
         w -= tmp
 
-    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any) -> bool:
+    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None) -> bool:
         fused_cuda.adam_step(
-            w, g, state, copy, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled_weight_decay
+            w, g, state, copy, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled_weight_decay, skip_if
         )
         return True
 

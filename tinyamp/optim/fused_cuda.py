@@ -24,33 +24,39 @@ from tinyamp import backend
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
 _SGD = """
-float d = g;
-if (wd != 0.0f) d = __fadd_rn(__fmul_rn(w, wd), g);
-w = __fsub_rn(w, __fmul_rn(lr, d));
-w16 = (float16)w;
+if (skip[0] == 0) {
+    float d = g;
+    if (wd != 0.0f) d = __fadd_rn(__fmul_rn(w, wd), g);
+    w = __fsub_rn(w, __fmul_rn(lr, d));
+    w16 = (float16)w;
+}
 """
 
 _SGD_MOMENTUM = """
-float d = g;
-if (wd != 0.0f) d = __fadd_rn(__fmul_rn(w, wd), g);
-buf = first ? d : __fadd_rn(__fmul_rn(buf, mu), d);
-d = nesterov ? __fadd_rn(d, __fmul_rn(mu, buf)) : buf;
-w = __fsub_rn(w, __fmul_rn(lr, d));
-w16 = (float16)w;
+if (skip[0] == 0) {
+    float d = g;
+    if (wd != 0.0f) d = __fadd_rn(__fmul_rn(w, wd), g);
+    buf = first ? d : __fadd_rn(__fmul_rn(buf, mu), d);
+    d = nesterov ? __fadd_rn(d, __fmul_rn(mu, buf)) : buf;
+    w = __fsub_rn(w, __fmul_rn(lr, d));
+    w16 = (float16)w;
+}
 """
 
 _ADAM = """
-float grad = g;
-if (decoupled) {
-    if (wd != 0.0f) w = __fmul_rn(w, decay);
-} else if (wd != 0.0f) {
-    grad = __fadd_rn(__fmul_rn(w, wd), g);
+if (skip[0] == 0) {
+    float grad = g;
+    if (decoupled) {
+        if (wd != 0.0f) w = __fmul_rn(w, decay);
+    } else if (wd != 0.0f) {
+        grad = __fadd_rn(__fmul_rn(w, wd), g);
+    }
+    m = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(grad, one_minus_beta1));
+    v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(__fmul_rn(grad, grad), one_minus_beta2));
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bias_correction2_sqrt), eps);
+    w = __fsub_rn(w, __fmul_rn(__fdiv_rn(m, denom), step_size));
+    w16 = (float16)w;
 }
-m = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(grad, one_minus_beta1));
-v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(__fmul_rn(grad, grad), one_minus_beta2));
-float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bias_correction2_sqrt), eps);
-w = __fsub_rn(w, __fmul_rn(__fdiv_rn(m, denom), step_size));
-w16 = (float16)w;
 """
 
 
@@ -58,17 +64,18 @@ w16 = (float16)w;
 def _kernels() -> dict[str, Any]:  # pragma: no cover - needs a GPU
     cupy = backend.array_module("cuda")
     sgd = cupy.ElementwiseKernel(
-        "float32 g, float32 lr, float32 wd", "float32 w, float16 w16", _SGD, "tinyamp_master_sgd"
+        "float32 g, float32 lr, float32 wd, raw int32 skip", "float32 w, float16 w16", _SGD, "tinyamp_master_sgd"
     )
     sgd_momentum = cupy.ElementwiseKernel(
-        "float32 g, float32 lr, float32 mu, float32 wd, bool nesterov, bool first",
+        "float32 g, float32 lr, float32 mu, float32 wd, bool nesterov, bool first, raw int32 skip",
         "float32 w, float32 buf, float16 w16",
         _SGD_MOMENTUM,
         "tinyamp_master_sgd_momentum",
     )
     adam = cupy.ElementwiseKernel(
         "float32 g, float32 beta1, float32 beta2, float32 one_minus_beta1, float32 one_minus_beta2, "
-        "float32 bias_correction2_sqrt, float32 eps, float32 step_size, float32 wd, float32 decay, bool decoupled",
+        "float32 bias_correction2_sqrt, float32 eps, float32 step_size, float32 wd, float32 decay, bool decoupled, "
+        "raw int32 skip",
         "float32 w, float32 m, float32 v, float16 w16",
         _ADAM,
         "tinyamp_master_adam",
@@ -83,27 +90,41 @@ def applies(w: Any, g: Any, copy: Any) -> bool:
     return w.dtype == _F32 and g.dtype == _F32 and copy.dtype == _F16 and w.flags.c_contiguous
 
 
+def _skip_flag(skip_if: Any) -> Any:  # pragma: no cover - needs a GPU
+    """The device int32 flag the kernels read: `skip_if`, or a zero (never skip)."""
+    if skip_if is not None:
+        return skip_if
+    return backend.array_module("cuda").zeros((), np.int32)
+
+
 def sgd_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, momentum: float, weight_decay: float,
-             nesterov: bool) -> None:  # fmt: skip  # pragma: no cover - needs a GPU
-    """SGD.update on the master `w` and the rounding into `copy`, in one kernel."""
+             nesterov: bool, skip_if: Any = None) -> None:  # fmt: skip  # pragma: no cover - needs a GPU
+    """SGD.update on the master `w` and the rounding into `copy`, in one kernel.
+
+    `skip_if`: a device int32 flag; where it is nonzero the kernel changes nothing (the
+    overflow skip decided on the GPU, without waiting for the host to read the flag).
+    """
+    skip = _skip_flag(skip_if)
     f32 = np.float32
     if momentum == 0:
-        _kernels()["sgd"](g, f32(lr), f32(weight_decay), w, copy)
+        _kernels()["sgd"](g, f32(lr), f32(weight_decay), skip, w, copy)
         return
     buf = state.get("momentum_buffer")
     first = buf is None
     if first:
         buf = state["momentum_buffer"] = backend.array_module("cuda").empty_like(w)  # the kernel writes d into it
     kernel = _kernels()["sgd_momentum"]
-    kernel(g, f32(lr), f32(momentum), f32(weight_decay), np.bool_(nesterov), np.bool_(first), w, buf, copy)
+    kernel(g, f32(lr), f32(momentum), f32(weight_decay), np.bool_(nesterov), np.bool_(first), skip, w, buf, copy)
 
 
 def adam_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, betas: tuple[float, float], eps: float,
-              weight_decay: float, decoupled: bool) -> None:  # fmt: skip  # pragma: no cover - needs a GPU
+              weight_decay: float, decoupled: bool, skip_if: Any = None) -> None:  # fmt: skip  # pragma: no cover
     """Adam.update (or AdamW's) on the master `w` and the rounding into `copy`, in one kernel.
 
     The scalars are the float32 roundings of the same float64 expressions adam.py uses.
+    `skip_if` as in ``sgd_step``.
     """
+    skip = _skip_flag(skip_if)
     cupy = backend.array_module("cuda")
     beta1, beta2 = betas
     if not state:
@@ -113,6 +134,6 @@ def adam_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, betas
     f32 = np.float32
     _kernels()["adam"](
         g, f32(beta1), f32(beta2), f32(1 - beta1), f32(1 - beta2), f32(math.sqrt(1 - beta2**t)), f32(eps),
-        f32(lr / (1 - beta1**t)), f32(weight_decay), f32(1 - lr * weight_decay), np.bool_(decoupled),
+        f32(lr / (1 - beta1**t)), f32(weight_decay), f32(1 - lr * weight_decay), np.bool_(decoupled), skip,
         w, state["exp_avg"], state["exp_avg_sq"], copy,
     )  # fmt: skip

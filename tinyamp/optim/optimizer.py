@@ -79,7 +79,27 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
-    def step(self, rounded_copies: Sequence[Any] | None = None) -> None:
+    def fuses_every_update(self, rounded_copies: Sequence[Any]) -> bool:
+        """True when every update of the next ``step(rounded_copies)`` runs as a fused GPU kernel."""
+        updated = [(p, c) for p, c in zip(self.params, rounded_copies) if p.grad is not None]
+        has_kernels = type(self).fused_update is not Optimizer.fused_update
+        return bool(updated) and has_kernels and all(fused_cuda.applies(p.data, p.grad, c) for p, c in updated)
+
+    def bookkeeping(self) -> tuple[int, list[dict[str, Any]]]:
+        """The host-side record of the steps taken: step count and per-parameter state entries.
+
+        The arrays in it are the live state arrays, not copies: this is for undoing a step
+        whose kernels were skipped on the GPU (``restore_bookkeeping``), where those arrays
+        were left unchanged but counters had already moved and new buffers been allocated.
+        """
+        return self.step_count, [dict(s) for s in self.state]
+
+    def restore_bookkeeping(self, record: tuple[int, list[dict[str, Any]]]) -> None:
+        """Return the step count and the state entries to `record` (see ``bookkeeping``)."""
+        self.step_count, states = record
+        self.state = [dict(s) for s in states]
+
+    def step(self, rounded_copies: Sequence[Any] | None = None, skip_if: Any = None) -> None:
         """Update every parameter that has a gradient, in place.
 
         A parameter whose ``.grad`` is None (it took no part in the loss) is skipped and
@@ -90,6 +110,10 @@ class Optimizer:
         each updated parameter rounded once to their dtype: the model's float16 weights
         when these parameters are FP32 masters.  On the GPU the update and that rounding
         are one fused kernel (fused_cuda.py); elsewhere, the update, then the rounding.
+
+        `skip_if` (GPU only, with every update fused): a device int32 flag; the kernels
+        change nothing where it is nonzero.  The host does not wait to read it, so its own
+        counters move as if the step ran; the caller restores them (``bookkeeping``).
         """
         for p, name in zip(self.params, self.names):
             g = p.grad
@@ -98,14 +122,16 @@ class Optimizer:
                     f"parameter {name} has shape {p.data.shape} and dtype {p.data.dtype}, but its .grad has shape "
                     f"{g.shape} and dtype {g.dtype}; a gradient must match its parameter"
                 )
-        self.step_count += 1
         copies = rounded_copies if rounded_copies is not None else [None] * len(self.params)
+        if skip_if is not None and not self.fuses_every_update(copies):
+            raise ValueError("skip_if needs every update fused on the GPU (check fuses_every_update first)")
+        self.step_count += 1
         for p, state, copy in zip(self.params, self.state, copies):
             g = p.grad
             if g is None:
                 continue
             w = p.data
-            if fused_cuda.applies(w, g, copy) and self.fused_update(w, g, state, copy):
+            if fused_cuda.applies(w, g, copy) and self.fused_update(w, g, state, copy, skip_if):
                 continue
             if accumulation_dtype(w.dtype) == w.dtype:
                 self.update(w, g, state)
@@ -120,8 +146,11 @@ class Optimizer:
         """Change the array `w` in place from its gradient `g` (never modified) and its `state`."""
         raise NotImplementedError
 
-    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any) -> bool:
-        """``update`` and the rounding of `w` into `copy` as one GPU kernel; False if this optimizer has none."""
+    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None) -> bool:
+        """``update`` and the rounding of `w` into `copy` as one GPU kernel; False if this optimizer has none.
+
+        `skip_if`: a device flag that, when nonzero, makes the kernel change nothing.
+        """
         return False
 
     # ---- checkpoints ------------------------------------------------------------------------
