@@ -501,3 +501,10 @@ def test_backward_releases_intermediates_that_only_the_graph_holds() -> None:
     assert probe() is not None  # the graph keeps it for backward
     out.backward()
     assert probe() is None  # released as the walk passed it
+
+
+def test_tensor_keeps_an_array_on_its_own_device(device: str) -> None:
+    on_device = ta.tensor([1.0, 2.0], device=device)
+    copy = ta.tensor(on_device.data)  # no device given: where the array already is
+    assert copy.device == device and copy.data is not on_device.data
+    assert ta.tensor([1.0]).device == "cpu"

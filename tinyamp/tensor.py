@@ -299,11 +299,12 @@ def _to_array(data: Any, dtype: Any, device: str | None) -> Any:
     return arr
 
 
-def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, device: str = "cpu") -> Tensor:
+def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, device: str | None = None) -> Tensor:
     """Make a leaf tensor from a number, a (nested) list, or a NumPy/CuPy array (copied).
 
     ``dtype`` defaults to float32 for Python floats, int64 for ints, and the array's own
-    dtype for arrays.  ``device`` is "cpu" (NumPy) or "cuda" (CuPy).
+    dtype for arrays.  ``device`` is "cpu" (NumPy) or "cuda" (CuPy); by default, where
+    `data` already is (a CuPy array stays on the GPU), and "cpu" for Python data.
     """
     return Tensor(data, dtype=dtype, requires_grad=requires_grad, device=device)
 
