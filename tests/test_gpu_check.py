@@ -1,0 +1,74 @@
+"""benchmarks/gpu_check.py: its dry run (the same section code on NumPy) and its refusal without a GPU.
+
+The GPU run itself needs a GPU; the dry run exercises the rest (timers, peak memory, ratios,
+the table, the JSON) in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tinyamp
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SECTIONS = ("env", "tests", "matmul", "mlp", "transformer", "overhead", "torch-amp")
+# the timings (seconds) each measuring section must report; torch-amp only where PyTorch is installed
+TIMINGS = {
+    "matmul": ("tinyamp_fp16_s", "cublas_fp16_s", "fp32_s", "tf32_s"),
+    "mlp": ("fp32_step_s", "mixed_step_s"),
+    "transformer": ("fp32_step_s", "mixed_step_s"),
+    "overhead": ("host_wall_s", "event_s", "busy_s", "mixed_host_s"),
+    "torch-amp": ("torch_amp_step_s",),
+}
+
+
+def run_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_dry_run_prints_every_section_and_writes_positive_timings(tmp_path: Path) -> None:
+    result = run_script(tmp_path, "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "DRY RUN" in out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    assert table[0] == "| section | metric | value | target | met? |"
+    for name in SECTIONS:
+        assert any(line.startswith(f"| {name} |") for line in table), f"no table row for section {name}"
+    assert "No number in this table was estimated" in out
+
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert doc["meta"]["dry_run"] is True and doc["meta"]["complete"] is True and doc["meta"]["failed"] == []
+    sections = doc["sections"]
+    assert list(sections) == list(SECTIONS)
+    assert sections["tests"]["status"] == "skipped"  # no pytest subprocess in a dry run
+    torch_missing = sections["torch-amp"]["status"] == "skipped"
+    for name, section in sections.items():
+        assert isinstance(section["seconds"], float) and section["seconds"] > 0
+        if name == "torch-amp" and torch_missing:
+            continue
+        if name in TIMINGS:
+            assert section["status"] == "ok", section["error"]
+            for key in TIMINGS[name]:
+                value = section["metrics"][key]
+                assert isinstance(value, float) and value > 0, (name, key, value)
+    assert sections["matmul"]["metrics"]["tinyamp_error"] < 1e-2
+    assert sections["mlp"]["metrics"]["fp32_peak_bytes"] > 0 and sections["mlp"]["metrics"]["mixed_peak_bytes"] > 0
+
+
+@pytest.mark.skipif(tinyamp.cuda_is_available(), reason="a GPU is usable here: the script would run for real")
+def test_without_a_gpu_it_says_so_and_exits_with_status_2(tmp_path: Path) -> None:
+    result = run_script(tmp_path, "--skip-tests")
+    assert result.returncode == 2
+    assert "no CUDA GPU is usable" in result.stderr and "--dry-run" in result.stderr
+    assert not (tmp_path / "gpu_check.json").exists()
