@@ -62,7 +62,7 @@ def fp32_vs_mixed(ctx: Context, sec: Section, model: nn.Module, make_opt: Callab
             step = _fp32_step(model, opt, loss_fn)
         else:
             model.half()
-            opt = MasterWeights(make_opt(model.named_parameters()), track_lost_updates=False)
+            opt = MasterWeights(make_opt(model.named_parameters()), track_lost_updates=False, free_model_grads=True)
             step = _mixed_step(model, opt, LossScaler(), loss_fn, skipped)
         t = measure(dev.clock, step, cfg.warmup, cfg.reps, budget_s=cfg.step_budget_s)
         _, peak = peak_memory(step, device=dev.name)
@@ -171,7 +171,9 @@ def overhead(ctx: Context, sec: Section) -> None:
         sec.record("overhead_share", share, "Python + launch overhead share of the step", shown=f"{100 * share:.1f}%")
     model.half()
     skipped: list[bool] = []
-    opt = MasterWeights(optim.SGD(model.named_parameters(), lr=LR, momentum=0.9), track_lost_updates=False)
+    opt = MasterWeights(
+        optim.SGD(model.named_parameters(), lr=LR, momentum=0.9), track_lost_updates=False, free_model_grads=True
+    )
     mixed = _mixed_step(model, opt, LossScaler(), lambda m: ta.cross_entropy(m(xt), yt), skipped)
     t = measure(dev.clock, mixed, cfg.warmup, 2 * cfg.reps)
     sec.record("mixed_host_s", t.host_s, "host wall time per mixed-precision step, same model",

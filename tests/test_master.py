@@ -18,7 +18,7 @@ from strategies import bit_pattern_arrays, half_arrays, lost_update_cases
 
 import tinyamp as ta
 from tinyamp import nn, optim
-from tinyamp.amp import formats
+from tinyamp.amp import autocast, formats
 from tinyamp.amp.master import MasterWeights, MasterWeightsStateError, UpdateRecord, _equal16
 from tinyamp.optim import OptimizerStateError
 
@@ -417,3 +417,21 @@ def test_parameters_wider_than_the_master_or_all_float32_are_errors() -> None:
         MasterWeights(optim.SGD([nn.Parameter(np.ones(2, np.float32))], lr=0.1))
     with pytest.raises(ValueError, match=r"names must be unique.*\['w'\]"):
         MasterWeights(optim.SGD([("w", p16), ("w", nn.Parameter(np.ones(2, np.float16)))], lr=0.1))
+
+
+def test_free_model_grads_drops_the_16bit_gradients_once_widened_and_steps_the_same() -> None:
+    results = []
+    for free in (False, True):
+        ta.manual_seed(0)
+        model = nn.MLP([6, 8, 3]).half()
+        opt = MasterWeights(optim.SGD(model.parameters(), lr=0.1), track_lost_updates=False, free_model_grads=free)
+        x = ta.tensor(np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6))
+        with autocast():
+            loss = ta.cross_entropy(model(x), ta.tensor([0, 1, 2, 0]))
+        loss.backward()
+        opt.gather_grads()
+        assert all((p.grad is None) == free for p in opt.model_params)
+        assert all(m.grad is not None and m.grad.dtype == np.float32 for m in opt.master_params)
+        opt.step()  # does not gather again: the masters' gradients are current
+        results.append([p.data.tobytes() for p in model.parameters()])
+    assert results[0] == results[1]

@@ -52,3 +52,12 @@ def test_checkpointing_lowers_the_measured_peak_of_a_deep_step() -> None:
     # 36 blocks keep about 2 arrays of 64 KB each; checkpointing every 6 keeps 6 segment
     # inputs and one segment's arrays while it is recomputed: the peak must fall twofold.
     assert checked * 2 < plain, (plain, checked)
+
+
+def test_step_peak_bytes_measures_both_regimes_and_mixed_saves_where_activations_dominate() -> None:
+    from tinyamp.inspect.memory import step_peak_bytes
+
+    peaks = step_peak_bytes("cpu", sizes=(64, 256, 256, 256, 10), batch=1024)
+    assert set(peaks) == {"fp32", "mixed"} and all(isinstance(v, int) and v > 0 for v in peaks.values())
+    # float16 activations are half the bytes; the CPU's transient float32 widenings eat part of that
+    assert peaks["mixed"] < 0.85 * peaks["fp32"]

@@ -53,6 +53,7 @@ def info() -> int:
     import tinyamp
     from tinyamp import backend
     from tinyamp.amp import format_policy, formats, presets_table
+    from tinyamp.inspect.memory import step_peak_bytes
 
     print(f"tinyamp     {tinyamp.__version__}")
     print(f"python      {platform.python_version()} ({platform.machine()})")
@@ -71,8 +72,18 @@ def info() -> int:
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
         print(f"gpu         {props['name'].decode()} ({props['totalGlobalMem'] / 2**30:.0f} GiB)")
+        free, total = cupy.cuda.runtime.memGetInfo()
+        print(f"gpu memory  {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
     else:
         print("gpu         none found: device='cuda' is unavailable, tinyamp runs on the CPU")
+    print("\nPeak bytes of one training step, MLP 784-1024-1024-10, batch 256 (measured now)")
+    for device in ["cpu"] + (["cuda"] if backend.cuda_is_available() else []):
+        peaks = step_peak_bytes(device)
+        ratio = peaks["mixed"] / peaks["fp32"] if peaks["fp32"] else float("nan")
+        print(
+            f"{device:<5} FP32 {peaks['fp32'] / 2**20:7.2f} MiB   mixed precision {peaks['mixed'] / 2**20:7.2f} MiB"
+            f"   ({ratio:.2f}x)"
+        )
     print("\nFloating-point formats (tinyamp.amp.formats.format_table())")
     print(formats.format_table())
     print("\nautocast op policy (tinyamp.amp.format_policy())")
