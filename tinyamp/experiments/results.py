@@ -125,8 +125,7 @@ def footnotes() -> str:
             f"* {LOST_NOTE}.",
             "* saved: bytes of the arrays the first step's graph keeps for backward (tinyamp.inspect.saved_tensors).",
             "* ms/step: training steps only (measurement steps excluded). On a CPU, FP16 is emulated through FP32 "
-            "and the casts cost time (NumPy converts FP16 subnormals, frequent without loss scaling, ~30x slower); "
-            "the speed-up of FP16 needs Tensor Cores (--device cuda).",
+            "and the casts cost time; the speed-up of FP16 needs Tensor Cores (--device cuda).",
         ]
     )
 
