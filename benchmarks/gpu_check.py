@@ -9,6 +9,7 @@ FAILED in the table, and the run goes on):
 
 1. env          GPU, driver, CUDA runtime, versions, tinyamp.cuda_is_available()
 2. tests        pytest -k cuda tests, in a subprocess with a timeout
+   cli          tinyamp train and tinyamp demo with --device on the device, end to end
 3. matmul       tinyamp FP16 vs cuBLAS FP16 vs FP32 (no TF32) vs TF32 at n^3, results checked
 4. mlp          MLP training step, FP32 vs mixed precision: time and peak memory
 5. transformer  CharTransformer training step, FP32 vs mixed precision
@@ -43,6 +44,7 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the working tree's tinyamp, installed or not
 
 import numpy as np  # noqa: E402
+from gpu_cli import cli  # noqa: E402
 from gpu_device import make_device  # noqa: E402
 from gpu_report import Section, markdown_table, write_json  # noqa: E402
 from gpu_sections import Config, Context, Skip, environment, gpu_tests, matmul  # noqa: E402
@@ -65,6 +67,7 @@ CONFIGS = {
 SECTIONS: list[tuple[str, Callable[[Context, Section], None], float]] = [
     ("env", environment, 60),
     ("tests", gpu_tests, 200),
+    ("cli", cli, 150),
     ("matmul", matmul, 90),
     ("mlp", mlp, 120),
     ("transformer", transformer, 120),

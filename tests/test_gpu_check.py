@@ -18,7 +18,7 @@ import tinyamp
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ("env", "tests", "matmul", "mlp", "transformer", "overhead", "torch-amp")
+SECTIONS = ("env", "tests", "cli", "matmul", "mlp", "transformer", "overhead", "torch-amp")
 # the timings (seconds) each measuring section must report; torch-amp only where PyTorch is installed
 TIMINGS = {
     "matmul": ("tinyamp_fp16_s", "cublas_fp16_s", "fp32_s", "tf32_s"),
@@ -26,6 +26,7 @@ TIMINGS = {
     "transformer": ("fp32_step_s", "mixed_step_s"),
     "overhead": ("host_wall_s", "event_s", "busy_s", "mixed_host_s"),
     "torch-amp": ("torch_amp_step_s",),
+    "cli": ("train_seconds", "demo_seconds"),
 }
 
 

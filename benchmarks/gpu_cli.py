@@ -1,0 +1,89 @@
+"""gpu_check section "cli": ``tinyamp train`` and ``tinyamp demo`` end to end on the device.
+
+Each command runs in a subprocess, as a user would type it, with ``--device`` set to the
+device under test and small step counts; the section checks the exit status and that
+``results.json`` was written with a finite loss for every regime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpu_report import Section
+from gpu_sections import ROOT, Context
+
+COMMANDS = {
+    "train": ["train", "--precision", "mixed", "--steps", "40", "--quiet"],
+    "demo": ["demo", "--steps", "60", "--transformer-steps", "10", "--quiet"],
+}
+TIMEOUT_S = 100.0
+
+
+def _run(ctx: Context, args: list[str], timeout_s: float) -> tuple[int, str, float]:
+    """Run ``python -m tinyamp ARGS`` in its own process group; (return code, output, seconds)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tinyamp", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    ctx.children.append(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n(killed after {timeout_s:.0f} s)"
+    finally:
+        ctx.children.remove(proc.pid)
+    return proc.returncode, out, time.perf_counter() - t0
+
+
+def _final_losses(results: dict) -> dict[str, float]:
+    """Every number called *loss* in the regimes' summaries of a results.json, by regime."""
+    found: dict[str, float] = {}
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("series", "per_step", "histograms"):
+                    continue
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and "loss" in key:
+                    found[f"{path}/{key}"] = float(value)
+                else:
+                    walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{path}[{i}]")
+
+    walk(results, "")
+    return found
+
+
+def cli(ctx: Context, sec: Section) -> None:
+    """``tinyamp train`` and ``tinyamp demo`` with ``--device`` on the device under test."""
+    device = ctx.dev.name
+    for name, args in COMMANDS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            full = [*args, "--device", device, "--out", tmp]
+            sec.say("tinyamp " + " ".join(full[:-1]) + " DIR")
+            code, out, seconds = _run(ctx, full, TIMEOUT_S)
+            tail = out.strip().splitlines()[-15:]
+            print("\n".join("    | " + line for line in tail), flush=True)
+            results_path = Path(tmp) / "results.json"
+            if code != 0 or not results_path.exists():
+                raise RuntimeError(
+                    f"tinyamp {name} --device {device} exited with {code}; output ends:\n" + "\n".join(tail)
+                )
+            losses = _final_losses(json.loads(results_path.read_text()))
+        if not losses or not all(math.isfinite(v) for v in losses.values()):
+            raise RuntimeError(f"tinyamp {name} --device {device}: results.json has no finite losses: {losses}")
+        sec.record(f"{name}_seconds", seconds, f"tinyamp {name} --device {device}",
+                   f"ok in {seconds:.1f} s, {len(losses)} finite losses in results.json")  # fmt: skip
+        sec.record(f"{name}_losses", losses)
