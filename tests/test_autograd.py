@@ -494,13 +494,29 @@ def test_backward_releases_intermediates_that_only_the_graph_holds() -> None:
     import weakref
 
     x = ta.tensor(np.ones(3), requires_grad=True)
-    hidden = (x * 2.0).tanh()  # its array is saved by tanh's consumer below
-    probe = weakref.ref(hidden)
+    hidden = (x * 2.0).tanh()  # tanh saves its output: this array
+    probe = weakref.ref(hidden.data)
     out = (hidden * 3.0).sum()
     del hidden
     assert probe() is not None  # the graph keeps it for backward
     out.backward()
     assert probe() is None  # released as the walk passed it
+
+
+def test_the_graph_keeps_only_what_backward_needs() -> None:
+    """An intermediate that no backward reads (ReLU keeps its output, not its input) is freed at once."""
+    import weakref
+
+    x = ta.tensor(np.linspace(-1, 1, 6), requires_grad=True)
+    pre = x * 2.0
+    probe = weakref.ref(pre.data)
+    out = pre.relu()
+    edge = out.creator.inputs[0]
+    assert edge.creator is pre.creator and edge.shape == (6,) and edge.dtype == pre.dtype
+    del pre
+    assert probe() is None and edge.data is None  # the edge knows where gradients go, not the values
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad, np.where(np.linspace(-1, 1, 6) > 0, 2.0, 0.0))
 
 
 def test_tensor_keeps_an_array_on_its_own_device(device: str) -> None:

@@ -86,17 +86,62 @@ def enable_grad() -> _GradMode:
     return _GradMode(True)
 
 
+class Edge:
+    """An input of a node that was itself computed: a graph edge that does not hold the array.
+
+    A node's backward needs, from each computed input, only where to send its gradient
+    (the input's ``creator``) and what that gradient must look like (shape and dtype).
+    Holding the input *tensor* instead would keep its array alive until the graph goes,
+    even when no backward needs it: the output of a Linear feeding a ReLU (which keeps its
+    own output) would stay in memory for nothing, and memory would be twice what the
+    saved-tensors report counts.  So, as in PyTorch, a node holds an ``Edge`` for each
+    computed input and only what its ``backward`` saved; leaves (parameters, data) are
+    held as the tensors themselves, since their ``.grad`` is filled in.
+
+    Each tensor has at most one Edge (a tensor used twice is one edge, read by two nodes).
+    ``data`` is the array while something else keeps it alive, else None.
+    """
+
+    __slots__ = ("_ctx", "requires_grad", "shape", "dtype", "name", "_data_ref")
+    is_leaf = False
+
+    def __init__(self, t: Tensor) -> None:
+        self._ctx = t._ctx
+        self.requires_grad = t.requires_grad
+        self.shape = t.shape
+        self.dtype = t.dtype
+        self.name = t.name
+        try:
+            self._data_ref: Callable[[], Any] | None = weakref.ref(t.data)
+        except TypeError:  # an array type without weak references
+            self._data_ref = None
+
+    @property
+    def creator(self) -> Function | None:
+        """The node that computed this input."""
+        return self._ctx
+
+    @property
+    def data(self) -> Any:
+        """The input's array if it is still alive (kept by a node's saved arrays or by the caller), else None."""
+        return None if self._data_ref is None else self._data_ref()
+
+    def __repr__(self) -> str:
+        return f"<Edge from {self._ctx.name if self._ctx else '?'}: {self.shape} {self.dtype}>"
+
+
 class Function:
     """A node of the graph: one operation, its inputs and what its backward needs.
 
     Attributes a student can inspect on ``tensor.creator``:
 
-    * ``inputs``: the input tensors (the edges of the graph);
+    * ``inputs``: the edges of the graph: leaf tensors as themselves, computed inputs as
+      ``Edge`` objects (the node that made them, shape and dtype; not their arrays);
     * ``saved``: the arrays kept for backward (``None`` once backward has freed them);
     * ``needs_input_grad``: which inputs want a gradient.
     """
 
-    inputs: tuple[Tensor, ...]
+    inputs: tuple[Tensor | Edge, ...]
     saved: tuple[Any, ...] | None = ()
     needs_input_grad: tuple[bool, ...] = ()
     output_ref: Callable[[], Tensor | None] | None = None  # set by Tensor.retain_grad()
@@ -116,7 +161,7 @@ class Function:
         if _grad_enabled:
             needs = tuple(t.requires_grad for t in inputs)
             if True in needs:
-                fn.inputs = inputs
+                fn.inputs = tuple(t if t._ctx is None else t.edge() for t in inputs)
                 fn.needs_input_grad = needs
                 return _make_tensor(out, True, fn)
         return _make_tensor(out, False, None)
@@ -169,12 +214,11 @@ def topological_order(root: Function) -> list[Function]:
     return order
 
 
-def _check_gradient(fn: Function, index: int, grad: Any, tensor: Tensor) -> None:
-    data = tensor.data
-    if grad.shape != data.shape or grad.dtype != data.dtype:
+def _check_gradient(fn: Function, index: int, grad: Any, tensor: Tensor | Edge) -> None:
+    if grad.shape != tensor.shape or grad.dtype != tensor.dtype:
         raise GradientError(
             f"{fn.name}.backward returned a gradient of shape {grad.shape} and dtype {grad.dtype} "
-            f"for input {index}, a tensor of shape {data.shape} and dtype {data.dtype}; "
+            f"for input {index}, a tensor of shape {tensor.shape} and dtype {tensor.dtype}; "
             "a gradient must have the shape and dtype of its tensor"
         )
 

@@ -26,7 +26,7 @@ class Tensor:
     Make tensors with :func:`tinyamp.tensor`; results of operations are Tensors too.
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "_edge", "__weakref__")
     __array_ufunc__ = None  # numpy_array * tensor must call Tensor.__rmul__, not loop in NumPy
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False, device: str | None = None) -> None:
@@ -34,6 +34,7 @@ class Tensor:
         self.grad: Any = None
         self._ctx: Function | None = None
         self.name: str | None = None
+        self._edge: autograd.Edge | None = None
         self.requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
@@ -47,6 +48,7 @@ class Tensor:
         t.requires_grad = requires_grad
         t._ctx = ctx
         t.name = None
+        t._edge = None
         return t
 
     # ---- what a tensor is -------------------------------------------------------------
@@ -83,6 +85,12 @@ class Tensor:
     @property
     def is_leaf(self) -> bool:
         return self._ctx is None
+
+    def edge(self) -> autograd.Edge:
+        """This computed tensor as a graph edge (one per tensor): its creator, shape and dtype, not its array."""
+        if self._edge is None:
+            self._edge = autograd.Edge(self)
+        return self._edge
 
     def __len__(self) -> int:
         return len(self.data)

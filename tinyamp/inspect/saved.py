@@ -13,6 +13,7 @@ array is classed by where its memory comes from:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tinyamp import autograd, backend
 from tinyamp.ops.casting import Cast
@@ -70,10 +71,12 @@ def saved_tensors(root: Tensor) -> SavedTensorsReport:
     """Every array the graph of `root` keeps for backward (call it before backward frees them)."""
     fns = list(autograd.walk(root))
     # Where each visible array came from: the tensors that flow along the graph's edges.
-    origin: dict[int, Tensor] = {}
+    origin: dict[int, Any] = {}  # array id -> the leaf Tensor or computed input's Edge it flowed along
     for fn in fns:
         for t in fn.inputs:
-            origin.setdefault(id(t.data), t)
+            array = t.data  # an Edge's array is None once freed: then no saved array can be it
+            if array is not None:
+                origin.setdefault(id(array), t)
     report = SavedTensorsReport()
     first_row: dict[int, int] = {}
     for fn in reversed(fns):  # leaves' consumers first: rows read in forward order
