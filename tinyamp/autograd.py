@@ -99,32 +99,23 @@ class Edge:
     held as the tensors themselves, since their ``.grad`` is filled in.
 
     Each tensor has at most one Edge (a tensor used twice is one edge, read by two nodes).
-    ``data`` is the array while something else keeps it alive, else None.
     """
 
-    __slots__ = ("_ctx", "requires_grad", "shape", "dtype", "name", "_data_ref")
+    __slots__ = ("_ctx", "requires_grad", "shape", "dtype", "name")
     is_leaf = False
 
     def __init__(self, t: Tensor) -> None:
+        data = t.data
         self._ctx = t._ctx
         self.requires_grad = t.requires_grad
-        self.shape = t.shape
-        self.dtype = t.dtype
+        self.shape = data.shape
+        self.dtype = data.dtype
         self.name = t.name
-        try:
-            self._data_ref: Callable[[], Any] | None = weakref.ref(t.data)
-        except TypeError:  # an array type without weak references
-            self._data_ref = None
 
     @property
     def creator(self) -> Function | None:
         """The node that computed this input."""
         return self._ctx
-
-    @property
-    def data(self) -> Any:
-        """The input's array if it is still alive (kept by a node's saved arrays or by the caller), else None."""
-        return None if self._data_ref is None else self._data_ref()
 
     def __repr__(self) -> str:
         return f"<Edge from {self._ctx.name if self._ctx else '?'}: {self.shape} {self.dtype}>"
@@ -161,7 +152,7 @@ class Function:
         if _grad_enabled:
             needs = tuple(t.requires_grad for t in inputs)
             if True in needs:
-                fn.inputs = tuple(t if t._ctx is None else t.edge() for t in inputs)
+                fn.inputs = tuple([t if t._ctx is None else t._edge or t.edge() for t in inputs])
                 fn.needs_input_grad = needs
                 return _make_tensor(out, True, fn)
         return _make_tensor(out, False, None)

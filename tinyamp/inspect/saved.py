@@ -13,7 +13,6 @@ array is classed by where its memory comes from:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tinyamp import autograd, backend
 from tinyamp.ops.casting import Cast
@@ -70,28 +69,24 @@ class SavedTensorsReport:
 def saved_tensors(root: Tensor) -> SavedTensorsReport:
     """Every array the graph of `root` keeps for backward (call it before backward frees them)."""
     fns = list(autograd.walk(root))
-    # Where each visible array came from: the tensors that flow along the graph's edges.
-    origin: dict[int, Any] = {}  # array id -> the leaf Tensor or computed input's Edge it flowed along
+    # What each array a node could have saved is: a leaf's own array, the output of a Cast
+    # node (a low-precision copy), or else an activation computed by some other op.
+    kind_of: dict[int, str] = {}
     for fn in fns:
+        if isinstance(fn, Cast) and getattr(fn, "output_array", None) is not None:
+            out = fn.output_array()
+            if out is not None:
+                kind_of[id(out)] = "cast"
         for t in fn.inputs:
-            array = t.data  # an Edge's array is None once freed: then no saved array can be it
-            if array is not None:
-                origin.setdefault(id(array), t)
+            if t.is_leaf:  # a cast of a tensor that needs no grad is a leaf of the graph, but still a copy
+                kind_of.setdefault(id(t.data), "cast" if t.name == "autocast copy" else "leaf")
     report = SavedTensorsReport()
     first_row: dict[int, int] = {}
     for fn in reversed(fns):  # leaves' consumers first: rows read in forward order
         for i, array in enumerate(fn.saved or ()):
             if not backend.is_array(array):
                 continue
-            source = origin.get(id(array))
-            if source is not None and source.name == "autocast copy":
-                kind = "cast"  # a cast of a tensor that needs no grad is a leaf of the graph, but still a copy
-            elif source is not None and source.is_leaf:
-                kind = "leaf"
-            elif source is not None and isinstance(source.creator, Cast):
-                kind = "cast"
-            else:
-                kind = "activation"
+            kind = kind_of.get(id(array), "activation")
             key = id(array)
             report.rows.append(
                 SavedTensor(

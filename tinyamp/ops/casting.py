@@ -7,6 +7,7 @@ its float16 gradient back as float32.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from tinyamp import backend, dtypes
@@ -62,7 +63,12 @@ class Cast(Function):
 
     def forward(self, x: Any, dtype: Any) -> Any:
         self.source_dtype = x.dtype
-        return convert(x, dtype)
+        out = convert(x, dtype)
+        try:  # for the saved-tensors report, which labels arrays a node saved as "cast" copies
+            self.output_array: Any = weakref.ref(out)
+        except TypeError:
+            self.output_array = None
+        return out
 
     def backward(self, g: Any) -> tuple[Any]:
         return (convert(g, self.source_dtype),)
