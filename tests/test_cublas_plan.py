@@ -85,3 +85,13 @@ def test_mismatched_inner_dimensions_are_refused() -> None:
     x, y, _ = cublas_gemm.operands(np.ones((2, 3)), np.ones((3, 4)))
     with pytest.raises(ValueError, match="inner dimensions differ"):
         cublas_gemm.plan(y, y, 1)
+
+
+def test_empty_products_are_zeros_without_a_call() -> None:
+    f16 = np.float16
+    assert cublas_gemm.matmul(np.ones((0, 3), f16), np.ones((3, 4), f16), np.float32).shape == (0, 4)
+    out = cublas_gemm.matmul(np.ones((2, 0), f16), np.ones((0, 3), f16), np.float16)
+    assert out.dtype == np.float16 and np.array_equal(out, np.zeros((2, 3)))
+    bias = np.array([1.0, 2.0, 3.0], f16)
+    with_bias = cublas_gemm.matmul(np.ones((2, 0), f16), np.ones((0, 3), f16), np.float32, bias=bias)
+    assert np.array_equal(with_bias, np.tile(bias.astype(np.float32), (2, 1)))

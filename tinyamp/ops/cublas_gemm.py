@@ -135,6 +135,9 @@ def matmul(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
     batch = math.prod(batch_shape)
     p = plan(x, y, batch)
     out = xp.empty(batch_shape + (p.n, p.m), dtype=out_dtype)  # row-major (M, N)
+    if 0 in (p.m, p.n, p.k, batch):  # nothing to multiply (and cuBLAS refuses a leading dimension of 0)
+        out[...] = 0 if bias is None else bias
+        return out
     beta = 0.0
     if bias is not None:
         if batch_shape:
