@@ -352,3 +352,14 @@ def test_float32_output_of_a_float16_product_is_not_rounded_through_float16(devi
     a, b = np.array([[2048.0, 1.0]], F16), np.array([[1.0], [1.0]], F16)
     y = MatMul.apply(ta.tensor(a, device=device), ta.tensor(b, device=device), out_dtype=F32)
     assert y.dtype == F32 and y.item() == 2049.0
+
+
+def test_gathered_rows_sum_their_gradients_in_float32_on_each_device(device: str) -> None:
+    # one row of a float16 table picked 4096 times: its gradient is 4096, where a float16
+    # running sum of ones stops at 2048 (2048 + 1 rounds back to 2048)
+    table = ta.tensor(np.zeros((3, 2), F16), requires_grad=True, device=device)
+    ta.embedding(table, ta.tensor(np.zeros(4096, np.int64), device=device)).sum().backward()
+    assert host_grad(table).dtype == F16 and host_grad(table)[0, 0] == 4096.0
+    x = ta.tensor(np.zeros(3, F16), requires_grad=True, device=device)
+    x[np.zeros(4096, np.int64)].sum().backward()
+    assert host_grad(x)[0] == 4096.0

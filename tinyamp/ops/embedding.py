@@ -12,6 +12,7 @@ import numpy as np
 
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
+from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.tensor import Tensor
 
 
@@ -27,15 +28,18 @@ class Embedding(Function):
         (indices,) = self.saved
         shape, dtype = self.meta
         xp = get_array_module(g)
-        grad = xp.zeros(shape, dtype=dtype)
-        rows = g.reshape(-1, shape[1])
+        # A row picked by many positions sums many gradients: in float32 for a 16-bit table,
+        # rounded once (a float16 running sum of 4096 ones stops at 2048).
+        wide = accumulation_dtype(dtype)
+        grad = xp.zeros(shape, dtype=wide)
+        rows = g.reshape(-1, shape[1]).astype(wide, copy=False)
         if xp is np:
             np.add.at(grad, indices.reshape(-1), rows)
         else:
             import cupyx
 
             cupyx.scatter_add(grad, indices.reshape(-1), rows)
-        return grad, None
+        return grad.astype(dtype, copy=False), None
 
 
 def embedding(weight: Tensor, indices: Tensor | Any) -> Tensor:

@@ -13,6 +13,7 @@ import numpy as np
 from tinyamp import backend
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
+from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.ops.casting import autocast_inputs
 from tinyamp.tensor import Tensor
 
@@ -55,16 +56,20 @@ class GetItem(Function):
     def backward(self, g: Any) -> tuple[Any]:
         shape, dtype, index = self.meta
         xp = get_array_module(g)
-        grad = xp.zeros(shape, dtype=dtype)
         if not _is_advanced(index):
+            grad = xp.zeros(shape, dtype=dtype)
             grad[index] = g  # basic indexing: each element picked at most once
-        elif xp is np:
-            np.add.at(grad, index, g)  # x[[0, 0]] picks x[0] twice: both gradients count
+            return (grad,)
+        # x[[0, 0]] picks x[0] twice: both gradients count, summed in float32 for 16-bit x
+        wide = accumulation_dtype(dtype)
+        grad = xp.zeros(shape, dtype=wide)
+        if xp is np:
+            np.add.at(grad, index, g.astype(wide, copy=False))
         else:
             import cupyx
 
-            cupyx.scatter_add(grad, index, g)
-        return (grad,)
+            cupyx.scatter_add(grad, index, g.astype(wide, copy=False))
+        return (grad.astype(dtype, copy=False),)
 
 
 class Concatenate(Function):
