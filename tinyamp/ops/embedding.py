@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp import backend
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
@@ -52,7 +53,9 @@ def embedding(weight: Tensor, indices: Tensor | Any) -> Tensor:
         raise ValueError(f"embedding needs a 2-D table (num_embeddings, dim); got shape {weight.shape}")
     n = weight.shape[0]
     if indices.size:
-        low, high = int(indices.data.min()), int(indices.data.max())
+        xp = get_array_module(indices.data)
+        # both bounds in one device-to-host read (two reads would be two GPU syncs per call)
+        low, high = (int(v) for v in backend.to_device(xp.stack([indices.data.min(), indices.data.max()]), "cpu"))
         if low < 0 or high >= n:
             # NumPy would wrap negative indices silently; an embedding index is a token id
             raise IndexError(f"embedding indices must lie in [0, {n}); got values from {low} to {high}")
