@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import tinyamp as ta
-from tinyamp.autograd import Function, GradientError, topological_order
+from tinyamp.autograd import Edge, Function, GradientError, topological_order
 from tinyamp.ops import arithmetic, unary
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
@@ -63,8 +63,10 @@ print("L.creator =", L.creator)
 # A `Tensor` is an array plus two references: `.grad` (filled by backward) and `.creator`,
 # the `Function` node that computed it (None for a leaf such as `x`). A node keeps its
 # `inputs` (the edges of the graph back toward the leaves), `needs_input_grad`, and `saved`:
-# the arrays its backward will need. Saved arrays are what a graph costs in memory, and in
-# mixed precision they are the activations that FP16 halves (tutorial 7).
+# the arrays its backward will need. An input that is a leaf is kept as the tensor itself
+# (its `.grad` will be filled in); an input that was computed is kept as an `Edge`: the node
+# that made it, its shape and dtype, but not its array. So saved arrays are all a graph costs
+# in memory, and in mixed precision they are the activations that FP16 halves (tutorial 7).
 #
 # The backward pass visits the nodes in *topological order*: a node comes before every node
 # that produced one of its inputs. Then, when a node's turn comes, all the gradient flowing
@@ -95,6 +97,8 @@ position = {fn: i for i, fn in enumerate(order)}
 for fn in order:
     for t in fn.inputs:
         assert t.creator is None or position[t.creator] > position[fn]
+        # leaves are the tensors themselves; computed inputs are Edges, which hold no array
+        assert isinstance(t, ta.Tensor) if t.is_leaf else (isinstance(t, Edge) and not hasattr(t, "data"))
 
 # %% [markdown]
 # What each node saved tells you its derivative. The first `Mul` ($x \cdot w$) kept both of
@@ -375,8 +379,9 @@ assert v_path.exists()
 #
 # ## Summary
 #
-# - A graph is a set of `Function` nodes; each keeps its inputs and the arrays its backward
-#   needs. `tensor.creator` and `topological_order` let you walk it.
+# - A graph is a set of `Function` nodes; each keeps its edges (leaf tensors, or `Edge`s to
+#   the nodes that computed its other inputs) and the arrays its backward needs.
+#   `tensor.creator` and `topological_order` let you walk it.
 # - Backward visits nodes in topological order, sums the gradients that meet at a node, sums
 #   over broadcast axes, and frees saved arrays as it goes.
 # - Every gradient has the dtype and shape of its tensor; a float16 input gets a float16
