@@ -49,7 +49,7 @@ def cublas() -> ModuleType:
     """CuPy's thin cuBLAS wrapper (GemmEx and friends), for the Tensor Core products."""
     cupy = _import_cupy()
     module = getattr(cupy.cuda, "cublas", None)
-    if module is None:  # older CuPy layouts keep it in cupy_backends only
+    if module is None or not hasattr(module, "gemmStridedBatchedEx"):  # some layouts keep it in cupy_backends
         import importlib
 
         module = importlib.import_module("cupy_backends.cuda.libs.cublas")
