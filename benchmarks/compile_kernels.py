@@ -1,0 +1,86 @@
+"""Compile tinyamp's CUDA kernel code with NVRTC, without a GPU: does it still build?
+
+    pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12
+    python benchmarks/compile_kernels.py            # prints "compiled: ..." or the compiler log
+
+CuPy compiles an ElementwiseKernel at its first call, on the GPU.  This script wraps each
+kernel body of tinyamp/optim/fused_cuda.py and tinyamp/amp/unscale_cuda.py in a plain
+CUDA loop, with the parameter names and types the ElementwiseKernel declares and CuPy's
+own headers (its float16 class), and compiles the lot to PTX for sm_90 with NVRTC.  It
+catches typos, unknown intrinsics and type errors on a machine with no GPU; it cannot
+catch a wrong result (the GPU tests do that).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tinyamp.amp import unscale_cuda  # noqa: E402
+from tinyamp.optim import fused_cuda  # noqa: E402
+
+
+def kernel(name: str, params: list[str], body: str) -> str:
+    """`body` in a grid-stride loop over i, with the declared parameters."""
+    return (
+        f'extern "C" __global__ void {name}({", ".join(params)}, int n) {{\n'
+        "  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {\n"
+        f"{body}\n  }}\n}}\n"
+    )
+
+
+def source() -> str:
+    """Every kernel body of tinyamp, each bound to element i of its arrays as CuPy binds it."""
+    scalars = "float beta1, float beta2, float one_minus_beta1, float one_minus_beta2, float bias_correction2_sqrt"
+    parts = ["#include <cupy/carray.cuh>\n#include <cupy/float16.cuh>\n"]
+    parts.append(kernel(
+        "sgd", ["const float* g_", "float lr", "float wd", "const int* skip", "float* w_", "float16* w16_"],
+        "const float g = g_[i]; float &w = w_[i]; float16 &w16 = w16_[i];\n" + fused_cuda._SGD,
+    ))  # fmt: skip
+    parts.append(kernel(
+        "sgd_momentum",
+        ["const float* g_", "float lr", "float mu", "float wd", "bool nesterov", "bool first", "const int* skip",
+         "float* w_", "float* buf_", "float16* w16_"],
+        "const float g = g_[i]; float &w = w_[i]; float &buf = buf_[i]; float16 &w16 = w16_[i];\n"
+        + fused_cuda._SGD_MOMENTUM,
+    ))  # fmt: skip
+    parts.append(kernel(
+        "adam",
+        ["const float* g_", scalars, "float eps", "float step_size", "float wd", "float decay", "bool decoupled",
+         "const int* skip", "float* w_", "float* m_", "float* v_", "float16* w16_"],
+        "const float g = g_[i]; float &w = w_[i]; float &m = m_[i]; float &v = v_[i]; float16 &w16 = w16_[i];\n"
+        + fused_cuda._ADAM,
+    ))  # fmt: skip
+    for t in ("float16", "float"):
+        body = f"{t} &g = g_[i];\n" + unscale_cuda._UNSCALE.replace("(T)", f"({t})")
+        parts.append(kernel(f"unscale_{t}", ["float inverse", "int* flag", f"{t}* g_"], body))
+    return "".join(parts)
+
+
+def main() -> int:
+    try:
+        import cupy
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as exc:
+        print(f"compile_kernels: needs CuPy and NVRTC ({exc})", file=sys.stderr)
+        return 2
+    includes = [os.path.join(os.path.dirname(cupy.__file__), "_core", "include")]
+    for site in sys.path:  # CUDA headers (cuda_fp16.h) from the nvidia-* wheels, if that is where they are
+        includes += glob.glob(os.path.join(site, "nvidia", "cu*", "include"))
+    program = nvrtc.createProgram(source(), "tinyamp_kernels.cu", [], [])
+    options = ["-std=c++17", "--gpu-architecture=compute_90"] + [f"-I{path}" for path in includes]
+    try:
+        nvrtc.compileProgram(program, options)
+    except Exception as exc:  # the log says where
+        print(f"compile_kernels: FAILED ({exc})\n{nvrtc.getProgramLog(program)}", file=sys.stderr)
+        return 1
+    print(f"compiled: {len(nvrtc.getPTX(program))} bytes of PTX for sm_90 (sgd, sgd_momentum, adam, unscale x2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
