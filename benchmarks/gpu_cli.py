@@ -1,8 +1,9 @@
-"""gpu_check section "cli": ``tinyamp train`` and ``tinyamp demo`` end to end on the device.
+"""gpu_check section "cli": ``tinyamp train``, ``tinyamp demo`` and tutorial 8, end to end on the device.
 
 Each command runs in a subprocess, as a user would type it, with ``--device`` set to the
 device under test and small step counts; the section checks the exit status and that
-``results.json`` was written with a finite loss for every regime.
+``results.json`` was written with a finite loss for every regime.  Tutorial 8 takes its
+GPU branch wherever a GPU is visible.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ COMMANDS = {
 TIMEOUT_S = 100.0
 
 
-def _run(ctx: Context, args: list[str], timeout_s: float) -> tuple[int, str, float]:
-    """Run ``python -m tinyamp ARGS`` in its own process group; (return code, output, seconds)."""
+def _run(ctx: Context, args: list[str], timeout_s: float, extra_env: dict[str, str] | None = None
+         ) -> tuple[int, str, float]:  # fmt: skip
+    """Run ``python ARGS`` in its own process group; (return code, output, seconds)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.update(extra_env or {})
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tinyamp", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     ctx.children.append(proc.pid)
     try:
@@ -73,7 +76,7 @@ def cli(ctx: Context, sec: Section) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             full = [*args, "--device", device, "--out", tmp]
             sec.say("tinyamp " + " ".join(full[:-1]) + " DIR")
-            code, out, seconds = _run(ctx, full, TIMEOUT_S)
+            code, out, seconds = _run(ctx, ["-m", "tinyamp", *full], TIMEOUT_S)
             tail = out.strip().splitlines()[-15:]
             print("\n".join("    | " + line for line in tail), flush=True)
             results_path = Path(tmp) / "results.json"
@@ -87,3 +90,14 @@ def cli(ctx: Context, sec: Section) -> None:
         sec.record(f"{name}_seconds", seconds, f"tinyamp {name} --device {device}",
                    f"ok in {seconds:.1f} s, {len(losses)} finite losses in results.json")  # fmt: skip
         sec.record(f"{name}_losses", losses)
+    # Tutorial 8 measures Tensor Core speed and step memory live where a GPU is visible
+    # (and shows CPU figures otherwise): run it as a reader would, and check that it finishes.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = "tutorials/08_tensor_cores_and_speed.py"
+        sec.say(f"python {script}")
+        code, out, seconds = _run(ctx, [script], TIMEOUT_S, {"TINYAMP_TUTORIAL_OUT": tmp, "MPLBACKEND": "Agg"})
+        tail = out.strip().splitlines()[-15:]
+        print("\n".join("    | " + line for line in tail), flush=True)
+        if code != 0:
+            raise RuntimeError(f"{script} exited with {code}; output ends:\n" + "\n".join(tail))
+    sec.record("tutorial8_seconds", seconds, "tutorial 08 (Tensor Cores and speed)", f"ok in {seconds:.1f} s")
