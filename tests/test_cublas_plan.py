@@ -14,7 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import tensor_core_shape_pairs
 
+import tinyamp as ta
 from tinyamp.ops import cublas_gemm
+from tinyamp.ops.matmul import MatMul
 
 
 def column_major(buffer: np.ndarray, offset: int, rows: int, cols: int, ld: int) -> np.ndarray:
@@ -95,3 +97,97 @@ def test_empty_products_are_zeros_without_a_call() -> None:
     bias = np.array([1.0, 2.0, 3.0], f16)
     with_bias = cublas_gemm.matmul(np.ones((2, 0), f16), np.ones((0, 3), f16), np.float32, bias=bias)
     assert np.array_equal(with_bias, np.tile(bias.astype(np.float32), (2, 1)))
+
+
+# ---- the GPU branches of matmul.py, run on the CPU through a NumPy stand-in for cuBLAS ---------------
+def fake_call(p: cublas_gemm.GemmPlan, a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float) -> None:
+    """What one cuBLAS call would write into `c`: the column-major product (+ beta * c), rounded once."""
+    wide = c.astype(np.float64) if beta else np.zeros(c.shape)
+    product = run_plan(p, a.astype(np.float64), b.astype(np.float64))  # exact for the integer operands below
+    c[...] = (product.reshape(c.shape) + beta * wide).astype(c.dtype)
+
+
+@pytest.fixture
+def cublas_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[cublas_gemm.GemmPlan]:
+    """Route float16 NumPy products through cublas_gemm, as CuPy arrays would be, with fake_call as cuBLAS.
+
+    Returns the list of plans "sent to cuBLAS", so a test can check the GPU branch really ran.
+    """
+    calls: list[cublas_gemm.GemmPlan] = []
+
+    def applies(a: object, b: object) -> bool:
+        return all(isinstance(x, np.ndarray) and x.dtype == np.float16 and x.ndim >= 2 for x in (a, b))
+
+    def call(p: cublas_gemm.GemmPlan, a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float) -> None:
+        calls.append(p)
+        fake_call(p, a, b, c, beta)
+
+    monkeypatch.setattr(cublas_gemm, "applies", applies)
+    monkeypatch.setattr(cublas_gemm, "_call", call)
+    return calls
+
+
+def integers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(-8, 9, size=shape).astype(np.float16)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, gemm_calls",
+    [
+        ((3, 4), (4, 5), 3),
+        ((2, 3, 4), (2, 4, 5), 3),
+        ((2, 3, 4), (4, 5), 3),  # grad of the shared matrix: one product of flattened rows
+        ((3, 4), (2, 4, 5), 2),  # grad of the shared matrix sums over the batch: emulated, then summed
+        ((2, 1, 3, 4), (1, 2, 4, 5), 1),  # both gradients sum over broadcast axes
+    ],
+)
+def test_the_gpu_branch_of_matmul_gives_the_emulations_bits(
+    cublas_on_numpy: list, a_shape, b_shape, gemm_calls: int
+) -> None:
+    rng = np.random.default_rng(0)
+    a, b = integers(rng, a_shape), integers(rng, b_shape)
+    ta_a, ta_b = ta.tensor(a, requires_grad=True), ta.tensor(b, requires_grad=True)
+    y = ta.matmul(ta_a, ta_b)
+    assert y.dtype == np.float16
+    np.testing.assert_array_equal(y.numpy(), (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16))
+    g = integers(rng, y.shape)
+    y.backward(g)
+    g64, a64, b64 = g.astype(np.float64), a.astype(np.float64), b.astype(np.float64)
+    grad_a = g64 @ b64.swapaxes(-1, -2)
+    grad_b = a64.swapaxes(-1, -2) @ g64
+    for grad, shape, got in ((grad_a, a_shape, ta_a.grad), (grad_b, b_shape, ta_b.grad)):
+        lead = grad.ndim - len(shape)
+        grad = grad.sum(axis=tuple(range(lead)))
+        grad = grad.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1), keepdims=True)
+        assert got.dtype == np.float16
+        np.testing.assert_array_equal(got, grad.astype(np.float16))
+    # forward and both gradients through cuBLAS, except a gradient summed over broadcast batch axes
+    assert len(cublas_on_numpy) == gemm_calls
+
+
+@pytest.mark.parametrize("x_shape", [(6, 4), (2, 3, 4), (4,)])
+def test_the_gpu_branch_of_linear_fuses_the_bias_and_transposes_by_flag(cublas_on_numpy: list, x_shape) -> None:
+    rng = np.random.default_rng(1)
+    x, w, bias = integers(rng, x_shape), integers(rng, (5, 4)), integers(rng, (5,))
+    tx, tw, tb = (ta.tensor(v, requires_grad=True) for v in (x, w, bias))
+    y = ta.linear(tx, tw, tb)
+    x64, w64 = x.astype(np.float64).reshape(-1, 4), w.astype(np.float64)
+    expected = (x64 @ w64.T + bias.astype(np.float64)).reshape(x_shape[:-1] + (5,))
+    np.testing.assert_array_equal(y.numpy(), expected.astype(np.float16))
+    g = integers(rng, y.shape)
+    y.backward(g)
+    g64 = g.astype(np.float64).reshape(-1, 5)
+    np.testing.assert_array_equal(tx.grad, (g64 @ w64).reshape(x_shape).astype(np.float16))
+    np.testing.assert_array_equal(tw.grad, (g64.T @ x64).astype(np.float16))
+    np.testing.assert_array_equal(tb.grad, g64.sum(axis=0).astype(np.float16))
+    forward, grad_x, grad_w = cublas_on_numpy  # all three products on cuBLAS, none copied
+    assert forward.trans_a and not forward.trans_b  # W.T read through the transpose flag
+    assert not grad_x.trans_a and not grad_x.trans_b
+    if len(x_shape) > 1:  # g.T @ x reads g through its flag (the transpose of one row is contiguous as it is)
+        assert grad_w.trans_b
+
+
+def test_a_float32_result_is_rounded_once_not_through_float16(cublas_on_numpy: list) -> None:
+    a, b = np.array([[2048.0, 1.0]], np.float16), np.array([[1.0], [1.0]], np.float16)
+    y = MatMul.apply(ta.tensor(a), ta.tensor(b), out_dtype=np.float32)
+    assert y.dtype == np.float32 and y.item() == 2049.0 and len(cublas_on_numpy) == 1

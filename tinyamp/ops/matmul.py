@@ -96,8 +96,9 @@ class Linear(Function):
         self.bias_dtype = None if bias is None else bias.dtype
         if out_dtype is None:
             out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
-        if cublas_gemm.applies(x, weight) and (bias is None or bias.dtype.itemsize <= np.dtype(out_dtype).itemsize):
-            out = cublas_gemm.matmul(_rows(x), weight.T, out_dtype, bias=bias)  # W.T: a transpose flag
+        rows = _rows(x)
+        if cublas_gemm.applies(rows, weight) and (bias is None or bias.dtype.itemsize <= np.dtype(out_dtype).itemsize):
+            out = cublas_gemm.matmul(rows, weight.T, out_dtype, bias=bias)  # W.T: a transpose flag
             return out.reshape(x.shape[:-1] + (weight.shape[0],))
         out = _wide(x) @ _wide(weight).T
         if bias is not None:
@@ -110,7 +111,7 @@ class Linear(Function):
     def backward(self, g: Any) -> tuple[Any, ...]:
         x, weight = self.saved
         needs = self.needs_input_grad
-        if cublas_gemm.applies(g, weight) and x.dtype == g.dtype:
+        if cublas_gemm.applies(_rows(g), weight) and x.dtype == g.dtype:
             g_rows = _rows(g)
             grad_x = cublas_gemm.matmul(g_rows, weight, x.dtype).reshape(x.shape) if needs[0] else None
             grad_w = cublas_gemm.matmul(g_rows.T, _rows(x), weight.dtype) if needs[1] else None
