@@ -167,3 +167,112 @@ def test_an_overflow_skipped_on_the_gpu_changes_nothing_and_rolls_back_the_count
             got = after[k]
             assert (v.tobytes() == to_device(got, "cpu").tobytes()) if hasattr(v, "shape") else v == got
     assert not one_step(False).skipped and opt.optimizer.step_count == count + 1
+
+
+# ---- the GPU's host-side logic, run on the CPU with NumPy stand-ins for the kernels -------------------------
+# The kernels themselves need a GPU; everything around them (which path is taken, the skip flag
+# read by the update "kernels", the counters rolled back after a skipped step, the one read of
+# flags and sums) is plain Python, and runs here with kernels written in NumPy float32 arithmetic.
+def _f32(x: float) -> np.float32:
+    return np.float32(x)
+
+
+def fake_sgd(g, lr, wd, skip, w, w16):  # noqa: ANN001, ANN202
+    if skip == 0:
+        d = g if wd == 0 else w * wd + g
+        w -= lr * d
+        w16[...] = w.astype(np.float16)
+
+
+def fake_sgd_momentum(g, lr, mu, wd, nesterov, first, skip, w, buf, w16):  # noqa: ANN001, ANN202
+    if skip == 0:
+        d = g if wd == 0 else w * wd + g
+        buf[...] = d if first else buf * mu + d
+        d = d + mu * buf if nesterov else buf
+        w -= lr * d
+        w16[...] = w.astype(np.float16)
+
+
+def fake_adam(g, beta1, beta2, omb1, omb2, bc2, eps, step_size, wd, decay, decoupled, skip, w, m, v, w16):  # noqa: ANN001, ANN202
+    if skip == 0:
+        grad = g
+        if decoupled and wd != 0:
+            w *= decay
+        elif wd != 0:
+            grad = w * wd + g
+        m[...] = m * beta1 + grad * omb1
+        v[...] = v * beta2 + grad * grad * omb2
+        w -= m / (np.sqrt(v) / bc2 + eps) * step_size
+        w16[...] = w.astype(np.float16)
+
+
+def fake_unscale(inverse, g, flag):  # noqa: ANN001, ANN202
+    g[...] = g.astype(np.float32) * inverse
+    flag[...] = int(not np.isfinite(g).all())
+
+
+def fake_squares(g):  # noqa: ANN001, ANN202
+    wide = g.astype(np.float64).ravel()
+    return np.array(np.dot(wide, wide))
+
+
+@pytest.fixture
+def kernels_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Send float32 masters with float16 copies, and float16/float32 gradients, down the GPU code paths."""
+    from tinyamp.amp import unscale_cuda
+    from tinyamp.optim import fused_cuda
+
+    launched: list[str] = []
+
+    def logged(name: str, fn: Any) -> Any:
+        def run(*args: Any) -> None:
+            launched.append(name)
+            fn(*args)
+
+        return run
+
+    monkeypatch.setattr(fused_cuda, "applies", lambda w, g, copy: copy is not None and w.dtype == g.dtype == np.float32
+                        and copy.dtype == np.float16)  # fmt: skip
+    monkeypatch.setattr(fused_cuda, "_kernels", lambda: {
+        "sgd": logged("sgd", fake_sgd), "sgd_momentum": logged("sgd_momentum", fake_sgd_momentum),
+        "adam": logged("adam", fake_adam)})  # fmt: skip
+    monkeypatch.setattr(unscale_cuda, "applies", lambda g: g.dtype in (np.float16, np.float32))
+    monkeypatch.setattr(unscale_cuda, "_kernels", lambda: (logged("unscale", fake_unscale), fake_squares))
+    return launched
+
+
+def short_run(name: str, poison_step: int | None) -> tuple[list[bytes], list[Any], list[Any]]:
+    """Four mixed-precision steps of a small MLP (one poisoned with an inf); weights, reports, final state."""
+    ta.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = nn.MLP([12, 16, 5]).half()
+    opt = MasterWeights(OPTIMIZERS[name](model.named_parameters()), track_lost_updates=False)
+    scaler = LossScaler(init_scale=2.0**10)
+    x, y = ta.tensor(rng.standard_normal((8, 12)).astype(np.float32)), ta.tensor(np.arange(8) % 5)
+    reports = []
+    for step in range(4):
+        opt.zero_grad()
+        with autocast():
+            loss = ta.cross_entropy(model(x), y)
+        scaler.scale_loss(loss).backward()
+        if step == poison_step:
+            model.parameters()[0].grad[0, 0] = np.inf
+        reports.append(scaler.step(opt))
+    weights = [p.data.tobytes() for p in opt.model_params + opt.master_params]
+    state = [(opt.optimizer.step_count, sorted(s)) for s in opt.optimizer.state]
+    return weights, [(r.skipped, r.scale_after, r.nonfinite_params) for r in reports], state
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("poison_step", [None, 0, 2])
+def test_the_gpu_path_decides_skips_on_the_device_and_matches_the_cpu_path(
+    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch, name: str, poison_step: int | None
+) -> None:
+    gpu_style = short_run(name, poison_step)
+    kernel = "adam" if "adam" in name else ("sgd_momentum" if "momentum" in name or "nesterov" in name else "sgd")
+    assert kernels_on_numpy.count("unscale") == 4 * 4 and kernel in kernels_on_numpy  # 4 steps x 4 gradients
+    monkeypatch.undo()  # the plain CPU path: host-side skip, NumPy updates, rounding after
+    cpu_style = short_run(name, poison_step)
+    assert gpu_style == cpu_style
+    if poison_step is not None:
+        assert gpu_style[1][poison_step][0]  # the poisoned step was skipped

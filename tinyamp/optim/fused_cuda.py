@@ -90,21 +90,21 @@ def applies(w: Any, g: Any, copy: Any) -> bool:
     return w.dtype == _F32 and g.dtype == _F32 and copy.dtype == _F16 and w.flags.c_contiguous
 
 
-def _skip_flag(skip_if: Any) -> Any:  # pragma: no cover - needs a GPU
-    """The device int32 flag the kernels read: `skip_if`, or a zero (never skip)."""
+def _skip_flag(w: Any, skip_if: Any) -> Any:
+    """The device int32 flag the kernels read: `skip_if`, or a zero (never skip), beside `w`."""
     if skip_if is not None:
         return skip_if
-    return backend.array_module("cuda").zeros((), np.int32)
+    return backend.get_array_module(w).zeros((), np.int32)
 
 
 def sgd_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, momentum: float, weight_decay: float,
-             nesterov: bool, skip_if: Any = None) -> None:  # fmt: skip  # pragma: no cover - needs a GPU
+             nesterov: bool, skip_if: Any = None) -> None:  # fmt: skip
     """SGD.update on the master `w` and the rounding into `copy`, in one kernel.
 
     `skip_if`: a device int32 flag; where it is nonzero the kernel changes nothing (the
     overflow skip decided on the GPU, without waiting for the host to read the flag).
     """
-    skip = _skip_flag(skip_if)
+    skip = _skip_flag(w, skip_if)
     f32 = np.float32
     if momentum == 0:
         _kernels()["sgd"](g, f32(lr), f32(weight_decay), skip, w, copy)
@@ -112,23 +112,23 @@ def sgd_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, moment
     buf = state.get("momentum_buffer")
     first = buf is None
     if first:
-        buf = state["momentum_buffer"] = backend.array_module("cuda").empty_like(w)  # the kernel writes d into it
+        buf = state["momentum_buffer"] = backend.get_array_module(w).empty_like(w)  # the kernel writes d into it
     kernel = _kernels()["sgd_momentum"]
     kernel(g, f32(lr), f32(momentum), f32(weight_decay), np.bool_(nesterov), np.bool_(first), skip, w, buf, copy)
 
 
 def adam_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, betas: tuple[float, float], eps: float,
-              weight_decay: float, decoupled: bool, skip_if: Any = None) -> None:  # fmt: skip  # pragma: no cover
+              weight_decay: float, decoupled: bool, skip_if: Any = None) -> None:  # fmt: skip
     """Adam.update (or AdamW's) on the master `w` and the rounding into `copy`, in one kernel.
 
     The scalars are the float32 roundings of the same float64 expressions adam.py uses.
     `skip_if` as in ``sgd_step``.
     """
-    skip = _skip_flag(skip_if)
-    cupy = backend.array_module("cuda")
+    skip = _skip_flag(w, skip_if)
+    xp = backend.get_array_module(w)
     beta1, beta2 = betas
     if not state:
-        state.update(step=0, exp_avg=cupy.zeros_like(w), exp_avg_sq=cupy.zeros_like(w))
+        state.update(step=0, exp_avg=xp.zeros_like(w), exp_avg_sq=xp.zeros_like(w))
     state["step"] += 1
     t = state["step"]
     f32 = np.float32
