@@ -276,3 +276,27 @@ def test_the_gpu_path_decides_skips_on_the_device_and_matches_the_cpu_path(
     assert gpu_style == cpu_style
     if poison_step is not None:
         assert gpu_style[1][poison_step][0]  # the poisoned step was skipped
+
+
+def test_a_mixed_precision_run_of_the_demo_goes_through_every_gpu_path(
+    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's mixed regime with the cuBLAS products and the fused kernels swapped in: it trains."""
+    from test_cublas_plan import fake_call
+
+    from tinyamp.experiments.runner import run_regime
+    from tinyamp.experiments.tasks import DigitsMLP
+    from tinyamp.ops import cublas_gemm
+
+    products: list[Any] = []
+
+    def call(p: Any, a: Any, b: Any, c: Any, beta: float) -> None:
+        products.append(p)
+        fake_call(p, a, b, c, beta)
+
+    monkeypatch.setattr(cublas_gemm, "applies", lambda a, b: all(
+        isinstance(x, np.ndarray) and x.dtype == np.float16 and x.ndim >= 2 for x in (a, b)))  # fmt: skip
+    monkeypatch.setattr(cublas_gemm, "_call", call)
+    result, setup = run_regime(DigitsMLP(hidden=(32,)), "mixed", steps=40, measure_every=20)
+    assert products and "sgd_momentum" in kernels_on_numpy and "unscale" in kernels_on_numpy
+    assert np.isfinite(result.metrics["train_loss"]) and result.metrics["accuracy"] > 0.5
