@@ -87,6 +87,8 @@ def test_without_loss_scaling_far_more_gradients_underflow(demo_run: tuple) -> N
     r = regimes(demo_run[0])
     assert r["fp16-master"]["underflow_fraction"] > 0.01
     assert r["fp16-master"]["underflow_fraction"] > 10 * r["mixed"]["underflow_fraction"]
+    # the values that vanish are the tiny ones: far less of the gradient's norm than of its count
+    assert r["fp16-master"]["underflow_norm_fraction"] < r["fp16-master"]["underflow_fraction"] / 100
     assert r["mixed"]["final_scale"] > 1 and r["fp16-master"]["final_scale"] == 1
 
 
@@ -119,6 +121,15 @@ def test_underflow_fraction_counts_values_at_or_below_half_the_smallest_subnorma
     g = np.array([2.0**-26, 2.0**-25, 2.0**-24, 1e-3, 0.0])  # the 0 is not counted: nothing to lose
     assert measure.underflow_fraction(g) == 0.5  # 2^-26 and 2^-25 (a tie, to even: 0) vanish
     assert measure.underflow_fraction(g, scale=2.0**10) == 0.0
+
+
+def test_underflow_norm_fraction_weighs_the_vanished_values_by_their_squares() -> None:
+    g = np.array([2.0**-26, -(2.0**-25), 2.0**-24, 0.5, 0.0])
+    lost = 2.0**-52 + 2.0**-50
+    expected = lost / (lost + 2.0**-48 + 0.25)
+    assert measure.underflow_norm_fraction(g) == pytest.approx(expected, rel=1e-12)
+    assert measure.underflow_fraction(g) == 0.5 and measure.underflow_norm_fraction(g) < 1e-13  # many, and tiny
+    assert measure.underflow_norm_fraction(g, scale=2.0**10) == 0.0
 
 
 def test_lost_update_meter_agrees_with_master_weights() -> None:

@@ -260,10 +260,18 @@ def _mlp_verdict(r: dict[str, Any]) -> str:
         lines.append(
             f"fp16-master: without loss scaling {100 * r['fp16-master'].underflow_fraction:.0f}% of the gradient "
             f"values are 0 in FP16 at the end (mixed: {100 * r['mixed'].underflow_fraction:.1f}%); its training "
-            f"loss is {loss_ratio('fp16-master', 'mixed'):.2f}x mixed's: on this model the values that vanish "
-            "are the smallest, and carry little of the update (README, 'The demo')."
+            f"loss is {loss_ratio('fp16-master', 'mixed'):.2f}x mixed's: the values that vanish are the smallest, "
+            f"together {_share(r['fp16-master'].underflow_norm_fraction)} of the gradients' squared norm, too "
+            "little to change the updates on this model (README, 'The demo')."
         )
     return "\n".join(lines)
+
+
+def _share(fraction: float | None) -> str:
+    """A small fraction as a readable share: '3e-07' rather than '0.0%'."""
+    if fraction is None or fraction != fraction:
+        return "an unmeasured share"
+    return f"{100 * fraction:.2g}%" if fraction >= 1e-4 else f"{fraction:.1g}"
 
 
 # ---- tinyamp train -------------------------------------------------------------------------------

@@ -65,6 +65,22 @@ def underflow_fraction(gradients: np.ndarray, scale: float = 1.0, fmt: str = "fl
     return formats.flushed_to_zero_fraction(gradients * scale, fmt)
 
 
+def underflow_norm_fraction(gradients: np.ndarray, scale: float = 1.0, fmt: str = "float16") -> float:
+    """The share of the gradients' squared L2 norm carried by the values `fmt` flushes to zero.
+
+    The count (``underflow_fraction``) says how many values vanish; this says how much of
+    the gradient they were.  Values flush to zero because they are tiny, so a third of the
+    values can vanish while carrying a negligible share of the norm, and of the update.
+    """
+    g = np.asarray(gradients, dtype=np.float64)
+    g = g[np.isfinite(g) & (g != 0)]
+    total = float(np.dot(g, g))
+    if total == 0.0:
+        return 0.0
+    lost = g[formats.round_to(g * scale, fmt) == 0]
+    return float(np.dot(lost, lost)) / total
+
+
 def log2_histogram(gradients: np.ndarray, scale: float = 1.0) -> list[int]:
     """Counts of the nonzero ``|g| * scale`` per power of two: bin k holds $2^k \\le |g| S < 2^{k+1}$.
 

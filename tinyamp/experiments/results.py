@@ -44,6 +44,7 @@ class RegimeResult:
     skipped_steps: int
     final_scale: float
     underflow_fraction: float | None  # None for FP32 (its gradients are FP32)
+    underflow_norm_fraction: float | None  # the share of the gradients' squared norm those values carried
     lost_update_fraction: float | None  # None for FP32
     saved_bytes: int  # every array the first step's graph kept for backward, each counted once
     saved_bytes_by_kind: dict[str, int]

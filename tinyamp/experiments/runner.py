@@ -70,7 +70,9 @@ def run_regime(
     reference = copy.deepcopy(setup.model).float()  # for the true (FP32) gradients; reloaded when measuring
     fmt = spec.low_precision or "float16"  # FP32's row shows nothing; the census still runs on it for the figure
     series: dict[str, list[Any]] = {"loss": [], "scale": [], "skipped": [], "lr": []}
-    measured: dict[str, list[Any]] = {"step": [], "changed": [], "lost": [], "underflow_fraction": []}
+    measured: dict[str, list[Any]] = {
+        "step": [], "changed": [], "lost": [], "underflow_fraction": [], "underflow_norm_fraction": []
+    }  # fmt: skip
     saved = None
     timed, timed_steps = 0.0, 0
     grads, scale = np.zeros(0), 1.0
@@ -117,6 +119,7 @@ def run_regime(
             measured["changed"].append(None if counts is None else counts[0])
             measured["lost"].append(None if counts is None else counts[1])
             measured["underflow_fraction"].append(measure.underflow_fraction(grads, scale, fmt))
+            measured["underflow_norm_fraction"].append(measure.underflow_norm_fraction(grads, scale, fmt))
         if bar is not None:
             bar.update(1)
             if step % 10 == 0 or step == steps - 1:
@@ -136,6 +139,9 @@ def run_regime(
         skipped_steps=int(sum(series["skipped"])),
         final_scale=setup.scaler.scale,
         underflow_fraction=None if spec.low_precision is None else _late_mean(measured, "underflow_fraction", late),
+        underflow_norm_fraction=None
+        if spec.low_precision is None
+        else _late_mean(measured, "underflow_norm_fraction", late),
         lost_update_fraction=None if spec.weights == "float32" else _pooled_lost(measured),
         saved_bytes=0 if saved is None else saved.total_bytes,
         saved_bytes_by_kind={} if saved is None else saved.bytes_by_kind(),
