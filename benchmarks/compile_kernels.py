@@ -58,6 +58,19 @@ def source() -> str:
     for t in ("float16", "float"):
         body = f"{t} &g = g_[i];\n" + unscale_cuda._UNSCALE.replace("(T)", f"({t})")
         parts.append(kernel(f"unscale_{t}", ["float inverse", "int* flag", f"{t}* g_"], body))
+    # the variants that read a float16 gradient and 1/scale (the first line of each body)
+    parts.append(kernel(
+        "sgd_from_float16",
+        ["const float16* g16_", "float inverse", "float lr", "float wd", "const int* skip", "float* w_",
+         "float16* w16_"],
+        "const float16 g16 = g16_[i]; float &w = w_[i]; float16 &w16 = w16_[i];\n"
+        + fused_cuda._FROM_FLOAT16 + fused_cuda._SGD,
+    ))  # fmt: skip
+    parts.append(kernel(
+        "scaled_squares", ["const float16* x_", "float inverse", "double* out"],
+        "const float16 x = x_[i];\n"
+        "out[i] = (double)__fmul_rn((float)x, inverse) * (double)__fmul_rn((float)x, inverse);",
+    ))  # fmt: skip
     return "".join(parts)
 
 
@@ -78,7 +91,7 @@ def main() -> int:
     except Exception as exc:  # the log says where
         print(f"compile_kernels: FAILED ({exc})\n{nvrtc.getProgramLog(program)}", file=sys.stderr)
         return 1
-    print(f"compiled: {len(nvrtc.getPTX(program))} bytes of PTX for sm_90 (sgd, sgd_momentum, adam, unscale x2)")
+    print(f"compiled: {len(nvrtc.getPTX(program))} bytes of PTX for sm_90 (every kernel body of tinyamp)")
     return 0
 
 

@@ -122,7 +122,7 @@ def test_a_device_skip_flag_needs_fused_updates() -> None:
     w = ta.tensor(np.ones(4, np.float32), requires_grad=True)
     w.grad = np.ones(4, np.float32)
     opt = optim.SGD([w], lr=0.1)
-    with pytest.raises(ValueError, match="skip_if needs every update fused"):
+    with pytest.raises(ValueError, match="skip_if and grads need every update fused"):
         opt.step(rounded_copies=[np.zeros(4, np.float16)], skip_if=np.zeros((), np.int32))
     assert opt.step_count == 0 and w.data[0] == 1.0  # refused before anything changed
     model = nn.MLP([3, 2]).half()
@@ -216,6 +216,11 @@ def fake_squares(g):  # noqa: ANN001, ANN202
     return np.array(np.dot(wide, wide))
 
 
+def fake_scaled_squares(g, inverse):  # noqa: ANN001, ANN202
+    with np.errstate(over="ignore", invalid="ignore"):
+        return fake_squares(g.astype(np.float32) * inverse)
+
+
 @pytest.fixture
 def kernels_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Send float32 masters with float16 copies, and float16/float32 gradients, down the GPU code paths."""
@@ -225,19 +230,27 @@ def kernels_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     launched: list[str] = []
 
     def logged(name: str, fn: Any) -> Any:
-        def run(*args: Any) -> None:
+        def run(*args: Any) -> Any:
             launched.append(name)
-            fn(*args)
+            return fn(*args)
 
         return run
 
-    monkeypatch.setattr(fused_cuda, "applies", lambda w, g, copy: copy is not None and w.dtype == g.dtype == np.float32
-                        and copy.dtype == np.float16)  # fmt: skip
-    monkeypatch.setattr(fused_cuda, "_kernels", lambda: {
-        "sgd": logged("sgd", fake_sgd), "sgd_momentum": logged("sgd_momentum", fake_sgd_momentum),
-        "adam": logged("adam", fake_adam)})  # fmt: skip
+    def from_float16(fn: Any) -> Any:  # the kernel variant that reads (float16 g, 1/scale)
+        def run(g16: np.ndarray, inverse: np.float32, *rest: Any) -> None:
+            fn(g16.astype(np.float32) * inverse, *rest)
+
+        return run
+
+    fakes = {"sgd": fake_sgd, "sgd_momentum": fake_sgd_momentum, "adam": fake_adam}
+    kernels = {(name, False): logged(name, fn) for name, fn in fakes.items()}
+    kernels.update({(name, True): logged(name + " from float16", from_float16(fn)) for name, fn in fakes.items()})
+    monkeypatch.setattr(fused_cuda, "applies", lambda w, g, copy: copy is not None and w.dtype == np.float32
+                        and g.dtype in (np.float16, np.float32) and copy.dtype == np.float16)  # fmt: skip
+    monkeypatch.setattr(fused_cuda, "_kernels", lambda: kernels)
     monkeypatch.setattr(unscale_cuda, "applies", lambda g: g.dtype in (np.float16, np.float32))
-    monkeypatch.setattr(unscale_cuda, "_kernels", lambda: (logged("unscale", fake_unscale), fake_squares))
+    kernels3 = (logged("unscale", fake_unscale), fake_squares, logged("scaled squares", fake_scaled_squares))
+    monkeypatch.setattr(unscale_cuda, "_kernels", lambda: kernels3)
     return launched
 
 
@@ -265,12 +278,19 @@ def short_run(name: str, poison_step: int | None) -> tuple[list[bytes], list[Any
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("poison_step", [None, 0, 2])
+@pytest.mark.parametrize("gradients", ["read from the model", "gathered into the masters"])
 def test_the_gpu_path_decides_skips_on_the_device_and_matches_the_cpu_path(
-    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch, name: str, poison_step: int | None
+    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch, name: str, poison_step: int | None, gradients: str
 ) -> None:
+    if gradients == "gathered into the masters":  # as when some parameter is its own (float32) master
+        monkeypatch.setattr(MasterWeights, "updates_from_model_grads", lambda self: False)
     gpu_style = short_run(name, poison_step)
     kernel = "adam" if "adam" in name else ("sgd_momentum" if "momentum" in name or "nesterov" in name else "sgd")
-    assert kernels_on_numpy.count("unscale") == 4 * 4 and kernel in kernels_on_numpy  # 4 steps x 4 gradients
+    if gradients == "read from the model":  # no float32 gradient: float16 ones read twice, written never
+        assert kernels_on_numpy.count("scaled squares") == 4 * 4 and "unscale" not in kernels_on_numpy
+        assert kernel + " from float16" in kernels_on_numpy
+    else:
+        assert kernels_on_numpy.count("unscale") == 4 * 4 and kernel in kernels_on_numpy  # 4 steps x 4 gradients
     monkeypatch.undo()  # the plain CPU path: host-side skip, NumPy updates, rounding after
     cpu_style = short_run(name, poison_step)
     assert gpu_style == cpu_style
@@ -298,5 +318,5 @@ def test_a_mixed_precision_run_of_the_demo_goes_through_every_gpu_path(
         isinstance(x, np.ndarray) and x.dtype == np.float16 and x.ndim >= 2 for x in (a, b)))  # fmt: skip
     monkeypatch.setattr(cublas_gemm, "_call", call)
     result, setup = run_regime(DigitsMLP(hidden=(32,)), "mixed", steps=40, measure_every=20)
-    assert products and "sgd_momentum" in kernels_on_numpy and "unscale" in kernels_on_numpy
+    assert products and "sgd_momentum from float16" in kernels_on_numpy and "scaled squares" in kernels_on_numpy
     assert np.isfinite(result.metrics["train_loss"]) and result.metrics["accuracy"] > 0.5

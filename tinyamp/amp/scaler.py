@@ -399,9 +399,7 @@ class LossScaler:
         """
         return self._finish_unscale(optimizer, *self._launch_unscale(optimizer))
 
-    def _launch_unscale(self, optimizer: Any) -> tuple[list[tuple[str, Any]], list[Any], list[Any]]:
-        """unscale_'s device work: gather, unscale, sums of squares; nothing is read back yet."""
-        params, names = _optimizer_params(optimizer)
+    def _check_can_unscale(self) -> None:
         if self._phase == "unscaled":
             raise ScalerOrderError(
                 f"gradients were already unscaled at step {self._step_count}; call unscale_ once per step, "
@@ -412,6 +410,11 @@ class LossScaler:
                 f"scale_loss was not called at step {self._step_count}: there is nothing to unscale. "
                 "Call scaled = scaler.scale_loss(loss); scaled.backward() first"
             )
+
+    def _launch_unscale(self, optimizer: Any) -> tuple[list[tuple[str, Any]], list[Any], list[Any]]:
+        """unscale_'s device work: gather, unscale, sums of squares; nothing is read back yet."""
+        params, names = _optimizer_params(optimizer)
+        self._check_can_unscale()
         gather = getattr(optimizer, "gather_grads", None)
         if gather is not None:
             gather()
@@ -431,6 +434,37 @@ class LossScaler:
                 _multiply_(g, inverse)
             squares.append(_sum_of_squares(g))
         return present, squares, device_flags
+
+    def _step_from_model_grads(self, optimizer: Any) -> None:
+        """The GPU step with FP32 master weights and no float32 gradient stored anywhere.
+
+        One reduction kernel per float16 model gradient sums the squares of its unscaled
+        values (read, not written); their non-finite sums make the device's skip flag; the
+        fused update kernels unscale each gradient again on the fly and read the flag; then
+        the one host read of the sums gives the report and, after an overflow, the rollback
+        of the host's counters.  Same arithmetic, and so the same bits, as gather + unscale_
+        + step on the CPU.
+        """
+        self._check_can_unscale()
+        present = [(n, m.grad) for n, m in zip(optimizer.names, optimizer.model_params) if m.grad is not None]
+        if not present:
+            raise ScalerOrderError(
+                f"no parameter of the optimizer has a gradient at step {self._step_count}: call .backward() "
+                "on the scaled loss before step"
+            )
+        inverse = 1.0 / self._scale
+        sums = [unscale_cuda.scaled_sum_of_squares(g, inverse) for _, g in present]
+        xp = get_array_module(sums[0])
+        found = (~xp.isfinite(xp.stack(sums))).any().astype(np.int32)  # decided on the device
+        before = optimizer.bookkeeping()
+        optimizer.step_from_model_grads(inverse, skip_if=found)
+        host = _host_floats(sums)  # the one read of the step
+        self._unscale_flags = {name: not math.isfinite(v) for (name, _), v in zip(present, host)}
+        self._grad_norm = math.sqrt(math.fsum(host))
+        self._phase = "unscaled"
+        self._unscaled_optimizer = id(optimizer)
+        if any(self._unscale_flags.values()):
+            optimizer.restore_bookkeeping(before)
 
     def _finish_unscale(
         self, optimizer: Any, present: list[tuple[str, Any]], squares: list[Any], device_flags: list[Any]
@@ -509,6 +543,9 @@ class LossScaler:
             self._unscale_flags = {name: not ok for (name, _), ok in zip(present, flags)}
             if not all(flags):
                 self._grad_norm = math.sqrt(_to_host([], [_sum_of_squares(g) for _, g in present])[1])
+        elif _updates_from_model_grads(optimizer):
+            stepped = True
+            self._step_from_model_grads(optimizer)
         else:
             present, squares, device_flags = self._launch_unscale(optimizer)
             stepped = bool(device_flags) and len(device_flags) == len(present) and _fuses_every_update(optimizer)
@@ -774,6 +811,16 @@ def _check_config(**c: Any) -> dict[str, Any]:
 
 
 # ---- array helpers (NumPy or CuPy through get_array_module) --------------------------------------------
+def _updates_from_model_grads(optimizer: Any) -> bool:
+    """True for FP32 master weights that can update straight from the float16 model gradients (a GPU)."""
+    from tinyamp.amp.master import MasterWeights
+
+    if not isinstance(optimizer, MasterWeights):
+        return False
+    grads = [m.grad for m in optimizer.model_params]
+    return all(g is None or unscale_cuda.applies(g) for g in grads) and optimizer.updates_from_model_grads()
+
+
 def _fuses_every_update(optimizer: Any) -> bool:
     """True when the optimizer can take a GPU-side skip flag: FP32 master weights whose every
     update (and rounding into the model) is one fused kernel."""

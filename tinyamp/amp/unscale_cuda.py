@@ -26,14 +26,21 @@ if (!isfinite((float)g)) flag[0] = 1;
 
 
 @cache
-def _kernels() -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
+def _kernels() -> tuple[Any, Any, Any]:  # pragma: no cover - needs a GPU
     cupy = backend.array_module("cuda")
     unscale = cupy.ElementwiseKernel("float32 inverse", "T g, raw int32 flag", _UNSCALE, "tinyamp_unscale")
     squares = cupy.ReductionKernel(
         "T x", "float64 total", "(double)(float)x * (double)(float)x", "a + b", "total = a", "0",
         "tinyamp_sum_of_squares",
     )  # fmt: skip
-    return unscale, squares
+    # sum((x / scale)^2) of a float16 gradient, each term unscaled in float32 as the CPU does,
+    # without writing the unscaled values anywhere: an inf or NaN makes the sum non-finite.
+    scaled_squares = cupy.ReductionKernel(
+        "T x, float32 inverse", "float64 total",
+        "(double)__fmul_rn((float)x, inverse) * (double)__fmul_rn((float)x, inverse)", "a + b", "total = a", "0",
+        "tinyamp_scaled_sum_of_squares",
+    )  # fmt: skip
+    return unscale, squares, scaled_squares
 
 
 def applies(g: Any) -> bool:
@@ -51,3 +58,12 @@ def unscale_(g: Any, inverse: float) -> Any:
 def sum_of_squares(g: Any) -> Any:
     """sum(g^2) in float64, as a 0-d device array, without a float64 copy of g."""
     return _kernels()[1](g)
+
+
+def scaled_sum_of_squares(g: Any, inverse: float) -> Any:
+    """sum((g * inverse)^2) in float64, each product rounded to float32 first, as a 0-d device array.
+
+    It reads the gradient without changing it: the update kernels unscale it again on the
+    fly (fused_cuda.py), so no unscaled copy is ever stored.  Not finite when g is not.
+    """
+    return _kernels()[2](g, np.float32(inverse))

@@ -75,10 +75,13 @@ class Adam(Optimizer):
         tmp *= lr / (1 - beta1**t)
         w -= tmp
 
-    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None) -> bool:
+    def fused_update(
+        self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None, grad_scale: float | None = None
+    ) -> bool:
         fused_cuda.adam_step(
-            w, g, state, copy, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled_weight_decay, skip_if
-        )
+            w, g, state, copy, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled_weight_decay,
+            skip_if, grad_scale,
+        )  # fmt: skip
         return True
 
 

@@ -60,34 +60,54 @@ if (skip[0] == 0) {
 """
 
 
-@cache
-def _kernels() -> dict[str, Any]:  # pragma: no cover - needs a GPU
-    cupy = backend.array_module("cuda")
-    sgd = cupy.ElementwiseKernel(
-        "float32 g, float32 lr, float32 wd, raw int32 skip", "float32 w, float16 w16", _SGD, "tinyamp_master_sgd"
-    )
-    sgd_momentum = cupy.ElementwiseKernel(
+# A float16 gradient straight from the model, unscaled inside the kernel: the product of
+# the exact widening and 1/scale rounded once is what gather + unscale give on the CPU, so
+# no float32 copy of the gradients is ever made.
+_FROM_FLOAT16 = "const float g = __fmul_rn((float)g16, inverse);\n"
+
+_SIGNATURES = {
+    "sgd": ("float32 g, float32 lr, float32 wd, raw int32 skip", "float32 w, float16 w16", _SGD),
+    "sgd_momentum": (
         "float32 g, float32 lr, float32 mu, float32 wd, bool nesterov, bool first, raw int32 skip",
         "float32 w, float32 buf, float16 w16",
         _SGD_MOMENTUM,
-        "tinyamp_master_sgd_momentum",
-    )
-    adam = cupy.ElementwiseKernel(
+    ),
+    "adam": (
         "float32 g, float32 beta1, float32 beta2, float32 one_minus_beta1, float32 one_minus_beta2, "
         "float32 bias_correction2_sqrt, float32 eps, float32 step_size, float32 wd, float32 decay, bool decoupled, "
         "raw int32 skip",
         "float32 w, float32 m, float32 v, float16 w16",
         _ADAM,
-        "tinyamp_master_adam",
-    )
-    return {"sgd": sgd, "sgd_momentum": sgd_momentum, "adam": adam}
+    ),
+}
+
+
+@cache
+def _kernels() -> dict[tuple[str, bool], Any]:  # pragma: no cover - needs a GPU
+    """Each update as two kernels: from a float32 gradient, and from a float16 one and 1/scale."""
+    cupy = backend.array_module("cuda")
+    kernels = {}
+    for name, (params, outputs, body) in _SIGNATURES.items():
+        kernels[name, False] = cupy.ElementwiseKernel(params, outputs, body, f"tinyamp_master_{name}")
+        params16 = params.replace("float32 g,", "float16 g16, float32 inverse,", 1)
+        kernels[name, True] = cupy.ElementwiseKernel(
+            params16, outputs, _FROM_FLOAT16 + body, f"tinyamp_master_{name}_from_float16"
+        )
+    return kernels
 
 
 def applies(w: Any, g: Any, copy: Any) -> bool:
-    """A float32 CuPy master with a float32 gradient and a float16 copy to write."""
+    """A float32 CuPy master, a float32 (or float16, unscaled in the kernel) gradient, a float16 copy."""
     if isinstance(w, np.ndarray) or copy is None:
         return False
-    return w.dtype == _F32 and g.dtype == _F32 and copy.dtype == _F16 and w.flags.c_contiguous
+    return w.dtype == _F32 and g.dtype in (_F32, _F16) and copy.dtype == _F16 and w.flags.c_contiguous
+
+
+def _gradient(g: Any, inverse: float | None) -> tuple[tuple[Any, ...], bool]:
+    """The kernel's leading arguments for gradient `g`, and whether it is the float16 variant."""
+    if g.dtype == _F16:
+        return (g, np.float32(1.0 if inverse is None else inverse)), True
+    return (g,), False
 
 
 def _skip_flag(w: Any, skip_if: Any) -> Any:
@@ -98,33 +118,37 @@ def _skip_flag(w: Any, skip_if: Any) -> Any:
 
 
 def sgd_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, momentum: float, weight_decay: float,
-             nesterov: bool, skip_if: Any = None) -> None:  # fmt: skip
+             nesterov: bool, skip_if: Any = None, inverse: float | None = None) -> None:  # fmt: skip
     """SGD.update on the master `w` and the rounding into `copy`, in one kernel.
 
     `skip_if`: a device int32 flag; where it is nonzero the kernel changes nothing (the
     overflow skip decided on the GPU, without waiting for the host to read the flag).
+    `g` may be the model's float16 gradient, then multiplied by `inverse` (1/scale) in the kernel.
     """
     skip = _skip_flag(w, skip_if)
+    grad, from16 = _gradient(g, inverse)
     f32 = np.float32
     if momentum == 0:
-        _kernels()["sgd"](g, f32(lr), f32(weight_decay), skip, w, copy)
+        _kernels()["sgd", from16](*grad, f32(lr), f32(weight_decay), skip, w, copy)
         return
     buf = state.get("momentum_buffer")
     first = buf is None
     if first:
         buf = state["momentum_buffer"] = backend.get_array_module(w).empty_like(w)  # the kernel writes d into it
-    kernel = _kernels()["sgd_momentum"]
-    kernel(g, f32(lr), f32(momentum), f32(weight_decay), np.bool_(nesterov), np.bool_(first), skip, w, buf, copy)
+    kernel = _kernels()["sgd_momentum", from16]
+    kernel(*grad, f32(lr), f32(momentum), f32(weight_decay), np.bool_(nesterov), np.bool_(first), skip, w, buf, copy)
 
 
 def adam_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, betas: tuple[float, float], eps: float,
-              weight_decay: float, decoupled: bool, skip_if: Any = None) -> None:  # fmt: skip
+              weight_decay: float, decoupled: bool, skip_if: Any = None,
+              inverse: float | None = None) -> None:  # fmt: skip
     """Adam.update (or AdamW's) on the master `w` and the rounding into `copy`, in one kernel.
 
     The scalars are the float32 roundings of the same float64 expressions adam.py uses.
-    `skip_if` as in ``sgd_step``.
+    `skip_if` and `inverse` as in ``sgd_step``.
     """
     skip = _skip_flag(w, skip_if)
+    grad, from16 = _gradient(g, inverse)
     xp = backend.get_array_module(w)
     beta1, beta2 = betas
     if not state:
@@ -132,8 +156,8 @@ def adam_step(w: Any, g: Any, state: dict[str, Any], copy: Any, lr: float, betas
     state["step"] += 1
     t = state["step"]
     f32 = np.float32
-    _kernels()["adam"](
-        g, f32(beta1), f32(beta2), f32(1 - beta1), f32(1 - beta2), f32(math.sqrt(1 - beta2**t)), f32(eps),
+    _kernels()["adam", from16](
+        *grad, f32(beta1), f32(beta2), f32(1 - beta1), f32(1 - beta2), f32(math.sqrt(1 - beta2**t)), f32(eps),
         f32(lr / (1 - beta1**t)), f32(weight_decay), f32(1 - lr * weight_decay), np.bool_(decoupled), skip,
         w, state["exp_avg"], state["exp_avg_sq"], copy,
     )  # fmt: skip

@@ -79,11 +79,12 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
-    def fuses_every_update(self, rounded_copies: Sequence[Any]) -> bool:
-        """True when every update of the next ``step(rounded_copies)`` runs as a fused GPU kernel."""
-        updated = [(p, c) for p, c in zip(self.params, rounded_copies) if p.grad is not None]
+    def fuses_every_update(self, rounded_copies: Sequence[Any], grads: Sequence[Any] | None = None) -> bool:
+        """True when every update of the next ``step(rounded_copies, grads=grads)`` runs as a fused GPU kernel."""
+        grads = [p.grad for p in self.params] if grads is None else grads
+        updated = [(p, g, c) for p, g, c in zip(self.params, grads, rounded_copies) if g is not None]
         has_kernels = type(self).fused_update is not Optimizer.fused_update
-        return bool(updated) and has_kernels and all(fused_cuda.applies(p.data, p.grad, c) for p, c in updated)
+        return bool(updated) and has_kernels and all(fused_cuda.applies(p.data, g, c) for p, g, c in updated)
 
     def bookkeeping(self) -> tuple[int, list[dict[str, Any]]]:
         """The host-side record of the steps taken: step count and per-parameter state entries.
@@ -99,7 +100,13 @@ class Optimizer:
         self.step_count, states = record
         self.state = [dict(s) for s in states]
 
-    def step(self, rounded_copies: Sequence[Any] | None = None, skip_if: Any = None) -> None:
+    def step(
+        self,
+        rounded_copies: Sequence[Any] | None = None,
+        skip_if: Any = None,
+        grads: Sequence[Any] | None = None,
+        grad_scale: float | None = None,
+    ) -> None:
         """Update every parameter that has a gradient, in place.
 
         A parameter whose ``.grad`` is None (it took no part in the loss) is skipped and
@@ -114,24 +121,29 @@ class Optimizer:
         `skip_if` (GPU only, with every update fused): a device int32 flag; the kernels
         change nothing where it is nonzero.  The host does not wait to read it, so its own
         counters move as if the step ran; the caller restores them (``bookkeeping``).
+
+        `grads` and `grad_scale` (GPU only, every update fused): gradients to read instead of
+        the ``.grad`` of the parameters, multiplied by `grad_scale` inside the kernels: the
+        model's float16 gradients, unscaled on the fly, so that FP32 master weights never need
+        a float32 copy of their gradients.
         """
-        for p, name in zip(self.params, self.names):
-            g = p.grad
-            if g is not None and (g.shape != p.data.shape or g.dtype != p.data.dtype):
+        fused_grads = grads is not None
+        grads = [p.grad for p in self.params] if grads is None else list(grads)
+        for p, name, g in zip(self.params, self.names, grads):
+            if g is not None and (g.shape != p.data.shape or (g.dtype != p.data.dtype and not fused_grads)):
                 raise GradientError(
                     f"parameter {name} has shape {p.data.shape} and dtype {p.data.dtype}, but its .grad has shape "
                     f"{g.shape} and dtype {g.dtype}; a gradient must match its parameter"
                 )
         copies = rounded_copies if rounded_copies is not None else [None] * len(self.params)
-        if skip_if is not None and not self.fuses_every_update(copies):
-            raise ValueError("skip_if needs every update fused on the GPU (check fuses_every_update first)")
+        if (skip_if is not None or fused_grads) and not self.fuses_every_update(copies, grads):
+            raise ValueError("skip_if and grads need every update fused on the GPU (check fuses_every_update first)")
         self.step_count += 1
-        for p, state, copy in zip(self.params, self.state, copies):
-            g = p.grad
+        for p, g, state, copy in zip(self.params, grads, self.state, copies):
             if g is None:
                 continue
             w = p.data
-            if fused_cuda.applies(w, g, copy) and self.fused_update(w, g, state, copy, skip_if):
+            if fused_cuda.applies(w, g, copy) and self.fused_update(w, g, state, copy, skip_if, grad_scale):
                 continue
             if accumulation_dtype(w.dtype) == w.dtype:
                 self.update(w, g, state)
@@ -146,10 +158,13 @@ class Optimizer:
         """Change the array `w` in place from its gradient `g` (never modified) and its `state`."""
         raise NotImplementedError
 
-    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None) -> bool:
+    def fused_update(
+        self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None, grad_scale: float | None = None
+    ) -> bool:
         """``update`` and the rounding of `w` into `copy` as one GPU kernel; False if this optimizer has none.
 
-        `skip_if`: a device flag that, when nonzero, makes the kernel change nothing.
+        `skip_if`: a device flag that, when nonzero, makes the kernel change nothing;
+        `grad_scale`: a factor for a float16 `g` (1/loss scale), applied in the kernel.
         """
         return False
 

@@ -52,6 +52,10 @@ class SGD(Optimizer):
             d = d + mu * buf if self.nesterov else buf
         w -= self.lr * d
 
-    def fused_update(self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None) -> bool:
-        fused_cuda.sgd_step(w, g, state, copy, self.lr, self.momentum, self.weight_decay, self.nesterov, skip_if)
+    def fused_update(
+        self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None, grad_scale: float | None = None
+    ) -> bool:
+        fused_cuda.sgd_step(
+            w, g, state, copy, self.lr, self.momentum, self.weight_decay, self.nesterov, skip_if, grad_scale
+        )
         return True
