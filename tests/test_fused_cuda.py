@@ -148,7 +148,7 @@ def test_an_overflow_skipped_on_the_gpu_changes_nothing_and_rolls_back_the_count
         scaler.scale_loss(loss).backward()
         if poison:
             model.parameters()[0].grad[0, 0] = np.inf
-        assert opt.fuses_every_update()  # the GPU-decided path is the one under test
+        assert opt.updates_from_model_grads()  # the GPU-decided path, from the float16 gradients, is under test
         return scaler.step(opt)
 
     one_step(False)  # creates the optimizer state
