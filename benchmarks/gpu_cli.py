@@ -10,42 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from gpu_report import Section
-from gpu_sections import ROOT, Context
+from gpu_sections import Context, run_python
 
 COMMANDS = {
     "train": ["train", "--precision", "mixed", "--steps", "40", "--quiet"],
     "demo": ["demo", "--steps", "60", "--transformer-steps", "10", "--quiet"],
 }
 TIMEOUT_S = 100.0
-
-
-def _run(ctx: Context, args: list[str], timeout_s: float, extra_env: dict[str, str] | None = None
-         ) -> tuple[int, str, float]:  # fmt: skip
-    """Run ``python ARGS`` in its own process group; (return code, output, seconds)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    env.update(extra_env or {})
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-    ctx.children.append(proc.pid)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        out += f"\n(killed after {timeout_s:.0f} s)"
-    finally:
-        ctx.children.remove(proc.pid)
-    return proc.returncode, out, time.perf_counter() - t0
 
 
 def _final_losses(results: dict) -> dict[str, float]:
@@ -76,7 +51,7 @@ def cli(ctx: Context, sec: Section) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             full = [*args, "--device", device, "--out", tmp]
             sec.say("tinyamp " + " ".join(full[:-1]) + " DIR")
-            code, out, seconds = _run(ctx, ["-m", "tinyamp", *full], TIMEOUT_S)
+            code, out, seconds, _ = run_python(ctx, ["-m", "tinyamp", *full], TIMEOUT_S)
             tail = out.strip().splitlines()[-15:]
             print("\n".join("    | " + line for line in tail), flush=True)
             results_path = Path(tmp) / "results.json"
@@ -95,7 +70,7 @@ def cli(ctx: Context, sec: Section) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = "tutorials/08_tensor_cores_and_speed.py"
         sec.say(f"python {script}")
-        code, out, seconds = _run(ctx, [script], TIMEOUT_S, {"TINYAMP_TUTORIAL_OUT": tmp, "MPLBACKEND": "Agg"})
+        code, out, seconds, _ = run_python(ctx, [script], TIMEOUT_S, {"TINYAMP_TUTORIAL_OUT": tmp, "MPLBACKEND": "Agg"})
         tail = out.strip().splitlines()[-15:]
         print("\n".join("    | " + line for line in tail), flush=True)
         if code != 0:

@@ -195,14 +195,6 @@ def busy_seconds(dev: Device, fn: Callable[[], Any], host_s: float, reps: int = 
     return (statistics.median(samples) if samples else None), len(samples)
 
 
-def cublas_module(cupy: ModuleType) -> ModuleType:
-    """CuPy's cuBLAS bindings (``cupy.cuda.cublas``, else ``cupy_backends.cuda.libs.cublas``)."""
-    cublas = getattr(cupy.cuda, "cublas", None)
-    if cublas is None or not hasattr(cublas, "gemmEx") or not hasattr(cublas, "CUBLAS_COMPUTE_32F_FAST_TF32"):
-        from cupy_backends.cuda.libs import cublas
-    return cublas
-
-
 def tf32_matmul(dev: Device, a: Any, b: Any, out: Any) -> Any:
     """out = a @ b for float32 C-contiguous (m, k) @ (k, n), on TF32 Tensor Cores (cuBLAS FAST_TF32).
 
@@ -213,7 +205,7 @@ def tf32_matmul(dev: Device, a: Any, b: Any, out: Any) -> Any:
         np.matmul(a, b, out=out)
         return out
     cupy = dev.xp
-    cublas, runtime = cublas_module(cupy), cupy.cuda.runtime
+    cublas, runtime = backend.cublas(), cupy.cuda.runtime  # tinyamp's own accessor
     (m, k), n = a.shape, b.shape[1]
     alpha, beta = np.array(1.0, np.float32), np.array(0.0, np.float32)
     cublas.gemmEx(

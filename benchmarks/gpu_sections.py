@@ -126,6 +126,31 @@ def _junit_counts(path: Path) -> dict[str, int] | None:
     return counts
 
 
+def run_python(ctx: Context, args: list[str], timeout_s: float, extra_env: dict[str, str] | None = None
+               ) -> tuple[int, str, float, bool]:  # fmt: skip
+    """``python ARGS`` from the repository root, in its own process group (killed whole on timeout).
+
+    Returns (return code, output, seconds, timed out); the watchdog can kill it meanwhile
+    through ``ctx.children``.
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.update(extra_env or {})
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    ctx.children.append(proc.pid)
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
+        out, _ = proc.communicate()
+    finally:
+        ctx.children.remove(proc.pid)
+    return proc.returncode, out, time.perf_counter() - t0, timed_out
+
+
 def gpu_tests(ctx: Context, sec: Section) -> None:
     """``pytest -k cuda tests`` in a subprocess with a timeout: the GPU parametrizations of the suite.
 
@@ -134,43 +159,31 @@ def gpu_tests(ctx: Context, sec: Section) -> None:
     """
     if not ctx.cfg.run_tests:
         raise Skip("not run (dry run or --skip-tests)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "cuda", "--tb=short", "-rfE",
-               f"--junitxml={xml}", "tests"]  # fmt: skip
-        sec.say(" ".join(["python"] + cmd[1:-2] + ["tests"]) + f"  (timeout {ctx.cfg.tests_timeout_s:.0f} s)")
+        args = ["-m", "pytest", "-p", "no:cacheprovider", "-k", "cuda", "--tb=short", "-rfE", f"--junitxml={xml}",
+                "tests"]  # fmt: skip
+        sec.say(" ".join(["python"] + args[:-2] + ["tests"]) + f"  (timeout {ctx.cfg.tests_timeout_s:.0f} s)")
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
-        ctx.children.append(proc.pid)
-        timed_out = False
-        try:
-            out, _ = proc.communicate(timeout=ctx.cfg.tests_timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)  # pytest and anything it started
-            out, _ = proc.communicate()
-        finally:
-            ctx.children.remove(proc.pid)
+        code, out, _, timed_out = run_python(ctx, args, ctx.cfg.tests_timeout_s)
         counts = _junit_counts(xml)
     tail = out.splitlines()[-60:]
     print("\n".join("    | " + line for line in tail), flush=True)
-    sec.record("returncode", proc.returncode)
+    sec.record("returncode", code)
     sec.record("seconds", time.perf_counter() - t0)
     sec.record("timed_out", timed_out)
     sec.record("output_tail", tail)
     if timed_out:
         raise TimeoutError(f"pytest did not finish within {ctx.cfg.tests_timeout_s:.0f} s (killed)")
     if counts is None:
-        raise RuntimeError(f"pytest wrote no JUnit report (return code {proc.returncode}, timed out: {timed_out})")
+        raise RuntimeError(f"pytest wrote no JUnit report (return code {code}, timed out: {timed_out})")
     sec.record("counts", counts)
     bad = counts["failures"] + counts["errors"]
     shown = f"{counts['passed']} passed, {bad} failed or errors, {counts['skipped']} skipped"
     ok = bad == 0 and counts["passed"] > 0
     sec.record("summary", shown, "pytest -k cuda", target="0 failed, > 0 passed", met=ok)
     if not ok:
-        raise RuntimeError(f"GPU tests: {shown} (pytest return code {proc.returncode})")
+        raise RuntimeError(f"GPU tests: {shown} (pytest return code {code})")
 
 
 # ---- 3. matmul throughput ------------------------------------------------------------------------------------

@@ -220,9 +220,7 @@ class MasterWeights:
         ]
 
     def fuses_every_update(self) -> bool:
-        """True when ``step(skip_if=...)`` can run: every update a fused GPU kernel (and no tracking)."""
-        if not self._gathered_is_current():
-            self.gather_grads()
+        """True when ``step(skip_if=...)`` can run on the gathered gradients: every update a fused GPU kernel."""
         return not self.track_lost_updates and self.optimizer.fuses_every_update(self._rounded_copies())
 
     def updates_from_model_grads(self) -> bool:
