@@ -19,13 +19,19 @@ so one exact float32 multiply by 2^112 finishes the job.  The sign comes along f
 widening the bits as int16 -> int32 copies the sign into bits 16-31, the shift by 13
 moves one copy to bit 31, and a mask clears the others (bits 28-30).
 
-Rounding (to nearest, ties to even).  For |x| >= 2^-14 (a float16 normal): subtract
-112 from the exponent field, add 0xFFF plus the lowest kept mantissa bit to the 13 bits
-about to be dropped (so a tie rounds to the even neighbour), shift right by 13; a carry
-out of the mantissa correctly bumps the exponent.  For |x| < 2^-14 (float16 subnormals
-are the multiples of 2^-24): add 0.5 in float32, where the ulp is exactly 2^-24, so the
-hardware rounds to the nearest multiple; the bits of the sum minus the bits of 0.5 are
-the float16 mantissa.
+Rounding (to nearest, ties to even).  Let the hardware do it: add to |x| a power of two
+so large that the sum's ulp is float16's ulp at |x|, and float32 addition rounds |x| to
+the nearest even float16 value.  For |x| = 2^E * 1.f with E >= -14 (a float16 normal) the
+float16 ulp is 2^(E-10), and the ulp of a float32 near 2^(E+13) is 2^(E+13-23): the same.
+For smaller |x| (float16 subnormals are the multiples of 2^-24) the power stops at 2^-1,
+whose float32 ulp is 2^-24.  The sum's bits then hold the answer: its mantissa field is
+the rounded |x| in float16 ulps (M, at most 2^11, implicit bit included) and its
+exponent field is E + 140 (or 126 for a subnormal).  Shifting the exponent down by 13
+and adding M puts the exponent on float16's exponent field (the implicit bit of M adds
+the 1 that float16's bias needs; a mantissa that rounded up to 2^11 carries into the
+exponent, as it should); subtracting 126 << 10 rebiases.  One formula covers normals,
+subnormals and zero, with no data-dependent branch (the same idea as the FP16 library's
+``fp16_ieee_from_fp32_value``).
 
 Values these tricks do not cover (a float16 inf or NaN to widen; |x| >= 65520, which
 rounds to inf, or inf or NaN to round) are rare, so a block that holds one is simply
@@ -33,8 +39,8 @@ converted by NumPy, which also raises NumPy's usual overflow warning.  Both func
 return exactly the bits ``astype`` returns (tested on every float16 bit pattern and on
 every rounding boundary).
 
-The arrays are processed in blocks of 2^15 elements so that the half-dozen passes
-over a block stay in the CPU's cache.
+The arrays are processed in blocks of 2^16 elements so that the dozen passes over a
+block stay in the CPU's cache (smaller blocks pay more Python-level calls per element).
 """
 
 from __future__ import annotations
@@ -43,15 +49,17 @@ import numpy as np
 
 _U16, _I16, _U32, _I32 = (np.dtype(t) for t in (np.uint16, np.int16, np.uint32, np.int32))
 _F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
-BLOCK = 1 << 15  # elements per block: 128 KiB of uint32, cache-resident
+BLOCK = 1 << 16  # elements per block: 256 KiB of uint32, cache-resident
 SMALL = 1 << 12  # below this size NumPy's own cast is faster than our Python-level passes
 
 _F16_INF_BITS = 0x7C00  # float16 magnitude bits >= this: inf or NaN
 _ROUNDS_TO_INF = 0x477FF000  # float32 bits of 65520 = 65504 + half an ulp: the tie rounds to inf
-_F16_MIN_NORMAL = 0x38800000  # float32 bits of 2^-14
-_HALF = 0x3F000000  # float32 bits of 0.5
+_EXPONENT_FIELD = 0x7F800000  # float32's 8 exponent bits
+_TO_FLOAT16_ULP = 13 << 23  # added to the exponent field: 2^E -> 2^(E+13)
+_SUBNORMAL_MAGIC = 126 << 23  # float32 bits of 2^-1, whose ulp is 2^-24 (the float16 subnormal quantum)
+_MANTISSA_WITH_CARRY = 0x1FFF  # M <= 2^11 sits in the low 13 bits of the sum
+_REBIAS = 126 << 10  # (E + 140 + 1) << 10 minus this is float16's (E + 15) << 10
 _KEEP_SIGN_AND_MAGNITUDE = np.int32(-0x70000001)  # 0x8FFFFFFF as int32
-_EXPONENT_SHIFT = (0xFFF - (112 << 23)) & 0xFFFFFFFF  # rounding bias and bias change in one add (mod 2^32)
 
 
 def fast_cast_applies(x: np.ndarray, dtype: np.dtype) -> bool:
@@ -90,30 +98,25 @@ def round_to_float16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray
     bits32, bits16 = x.reshape(-1).view(_U32), out.reshape(-1).view(_U16)
     n = bits32.size
     size = min(n, BLOCK)
-    mag, half, sub = np.empty(size, _U32), np.empty(size, _U32), np.empty(size, _U32)
-    tiny = np.empty(size, bool)
+    mag, total, sign = np.empty(size, _U32), np.empty(size, _U32), np.empty(size, _U32)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         k = stop - start
-        b, m, h, s, t = bits32[start:stop], mag[:k], half[:k], sub[:k], tiny[:k]
+        b, m, t, s = bits32[start:stop], mag[:k], total[:k], sign[:k]
         np.bitwise_and(b, 0x7FFFFFFF, out=m)  # |x|
         if m.max() >= _ROUNDS_TO_INF:  # overflow, inf or NaN here: NumPy's cast, with its warning
             bits16[start:stop] = x.reshape(-1)[start:stop].astype(_F16).view(_U16)
             continue
-        # normal range: round the 13 dropped bits to nearest even, rebias the exponent, shift
-        np.right_shift(m, 13, out=h)
-        np.bitwise_and(h, 1, out=h)  # the lowest kept bit: +1 on a tie makes it even
-        np.add(h, m, out=h)
-        np.add(h, _EXPONENT_SHIFT, out=h)
-        np.right_shift(h, 13, out=h)
-        # subnormal range (and zero): |x| + 0.5 rounds to a multiple of 2^-24, the float16 quantum there
-        if m.min() < _F16_MIN_NORMAL:  # one reduction; the mask only when the block needs it
-            np.less(m, _F16_MIN_NORMAL, out=t)
-            np.add(m.view(_F32), np.float32(0.5), out=s.view(_F32))
-            np.subtract(s, _HALF, out=s)
-            np.copyto(h, s, where=t)
+        np.bitwise_and(m, _EXPONENT_FIELD, out=t)  # 2^E, the power of two at or below |x|
+        np.add(t, _TO_FLOAT16_ULP, out=t)  # 2^(E+13): its float32 ulp is float16's ulp at |x|
+        np.maximum(t, _SUBNORMAL_MAGIC, out=t)  # at least 2^-1: ulp 2^-24 below float16's normals
+        np.add(m.view(_F32), t.view(_F32), out=t.view(_F32))  # the hardware rounds |x| to nearest even
+        np.right_shift(t, 13, out=m)  # the sum's exponent field onto float16's
+        np.bitwise_and(t, _MANTISSA_WITH_CARRY, out=t)  # M: |x| in float16 ulps
+        np.add(m, t, out=m)
         np.right_shift(b, 16, out=s)
         np.bitwise_and(s, 0x8000, out=s)  # the sign, moved to bit 15
-        np.bitwise_or(h, s, out=h)
-        bits16[start:stop] = h  # uint32 -> uint16: every value fits
+        np.add(m, s, out=m)
+        np.subtract(m, _REBIAS, out=m)  # float16's exponent bias; bits 16-31 end at 0 (mod 2^32)
+        bits16[start:stop] = m  # uint32 -> uint16: every value fits
     return out
