@@ -447,3 +447,12 @@ def float16_bit_patterns(max_size: int = 64) -> SearchStrategy[np.ndarray]:
     """1-D float16 arrays of any bit patterns (NaN payloads and infs included)."""
     words = st.integers(0, 2**16 - 1)
     return st.lists(words, min_size=1, max_size=max_size).map(lambda w: np.array(w, np.uint16).view(np.float16))
+
+
+def multiples_of_smallest_subnormal() -> SearchStrategy[float]:
+    """Signed multiples m of a format's smallest subnormal with |m| <= 2: the values where
+    rounding decides between 0 and the first subnormal, the ties m = +-0.5 and their float64
+    neighbours included."""
+    ties = st.sampled_from([0.5, float(np.nextafter(0.5, 0.0)), float(np.nextafter(0.5, 1.0)), 1.5, 0.0])
+    magnitude = ties | st.floats(0.0, 2.0)
+    return st.tuples(magnitude, st.booleans()).map(lambda ms: -ms[0] if ms[1] else ms[0])

@@ -14,10 +14,19 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from strategies import float16_boundary_floats, half_floats
+from strategies import float16_boundary_floats, half_floats, multiples_of_smallest_subnormal
 
 from tinyamp.amp import formats
-from tinyamp.amp.formats import classify, format_table, get_format, round_to, ulp, update_is_lost
+from tinyamp.amp.formats import (
+    available_formats,
+    classify,
+    flushes_to_zero,
+    format_table,
+    get_format,
+    round_to,
+    ulp,
+    update_is_lost,
+)
 
 try:
     import ml_dtypes
@@ -41,6 +50,20 @@ def f16(x: float) -> np.float16:
 
 
 # ---- rounding ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", [f.name for f in available_formats() if f.name != "float64"])
+@given(m=multiples_of_smallest_subnormal())
+def test_flushes_to_zero_is_rounding_to_zero(fmt: str, m: float) -> None:
+    """The comparison the underflow measures use agrees with rounding, in every format."""
+    x = m * get_format(fmt).min_subnormal
+    assert bool(flushes_to_zero(x, fmt)) == (float(round_to(x, fmt)) == 0.0)
+
+
+def test_flushes_to_zero_at_the_float16_threshold() -> None:
+    below = [UNDERFLOW_THRESHOLD, -UNDERFLOW_THRESHOLD, 0.0, 1e-30]
+    above = [float(np.nextafter(UNDERFLOW_THRESHOLD, 1.0)), 2.0**-24, 1.0]
+    assert flushes_to_zero(below).all() and not flushes_to_zero(above).any()
+
+
 @given(x=half_floats())
 def test_every_float16_value_round_trips_through_round_to(x: float) -> None:
     r = round_to(x)

@@ -11,7 +11,15 @@ from hypothesis import given
 from strategies import float16_bit_patterns, float32_bit_patterns
 
 from tinyamp.ops.casting import convert
-from tinyamp.ops.half_casts import BLOCK, SMALL, fast_cast_applies, round_to_float16, widen_float16
+from tinyamp.ops.half_casts import (
+    BLOCK,
+    SMALL,
+    astype,
+    fast_cast_applies,
+    half_arithmetic,
+    round_to_float16,
+    widen_float16,
+)
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -110,3 +118,43 @@ def test_round_every_float32() -> None:
         for high in range(0, 2**32, 2**26):
             x = np.arange(high, high + 2**26, dtype=np.uint64).astype(np.uint32).view(np.float32)
             assert same_bits(round_to_float16(x), x.astype(F16)), f"block at {high:#x}"
+
+
+@pytest.mark.parametrize("layout", ["large", "small", "strided"])
+@pytest.mark.parametrize("pair", [(F32, F16), (F16, F32), (F32, F32)])
+def test_astype_returns_numpys_bits(layout: str, pair: tuple[np.dtype, np.dtype]) -> None:
+    """``half_casts.astype`` is NumPy's ``astype(copy=False)`` whichever path it takes (gradients of every size)."""
+    source, target = pair
+    rng = np.random.default_rng(3)
+    n = {"large": 3 * BLOCK + 17, "small": SMALL // 2, "strided": 2 * SMALL}[layout]
+    x = (rng.standard_normal(n) * rng.choice([1e-7, 1e-3, 1.0, 300.0], size=n)).astype(source)
+    x[::7] = 0
+    if layout == "strided":
+        x = x[::2]
+    out = astype(x, target)
+    assert same_bits(out, x.astype(target))
+    if source == target:
+        assert out is x  # no copy, as astype(copy=False)
+
+
+@pytest.mark.parametrize("ufunc", [np.add, np.subtract, np.multiply, np.divide])
+@pytest.mark.parametrize("shapes", [((64, 128), (64, 128)), ((64, 128), (128,)), ((1, 128), (64, 1))])
+def test_half_arithmetic_returns_numpys_float16_bits(ufunc: np.ufunc, shapes: tuple) -> None:
+    """The vectorized float16 arithmetic gives what NumPy's scalar float16 loop gives, bit for bit,
+    on normals, subnormals, zeros, infinities, NaNs and results that overflow."""
+    rng = np.random.default_rng(4)
+    a, b = ((rng.standard_normal(s) * rng.choice([1e-7, 1e-4, 1.0, 3e2, 1e4], size=s)).astype(F16) for s in shapes)
+    a.reshape(-1)[::11] = 0
+    a.reshape(-1)[5::97] = np.inf
+    b.reshape(-1)[3::89] = np.nan
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, want = half_arithmetic(ufunc, a, b), ufunc(a, b)
+    assert want.size >= SMALL and got.dtype == F16
+    assert same_bits(got, want)
+
+
+def test_half_arithmetic_leaves_other_operands_to_numpy() -> None:
+    x = np.arange(SMALL, dtype=F16)
+    assert half_arithmetic(np.multiply, x, 0.5).dtype == F16  # a Python scalar: NumPy's rules
+    assert half_arithmetic(np.add, x, x.astype(F32)).dtype == F32  # mixed: NumPy promotes

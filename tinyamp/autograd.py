@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from tinyamp.tensor import Tensor
 
@@ -222,6 +224,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
     so a second backward through the same graph is an error rather than a silent reuse.
     """
     from tinyamp.backend import get_array_module, is_array
+    from tinyamp.ops.half_casts import half_arithmetic  # sums of float16 gradients, NumPy's bits but vectorized
     from tinyamp.tensor import Tensor
 
     if not root.requires_grad:
@@ -247,7 +250,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         grad = grad.astype(data.dtype, copy=True)  # never hand the caller's own array to a leaf
 
     if root._ctx is None:
-        _accumulate_leaf(root, grad, set())
+        _accumulate_leaf(root, grad, set(), half_arithmetic)
         return
 
     handed: set[int] = set()  # ids of arrays already stored in some leaf's .grad
@@ -264,7 +267,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         if fn.output_ref is not None:
             out = fn.output_ref()
             if out is not None:  # a copy: g may be a read-only view, or reach a leaf's .grad too
-                out.grad = g.copy() if out.grad is None else out.grad + g
+                out.grad = g.copy() if out.grad is None else half_arithmetic(np.add, out.grad, g)
         input_grads = fn.backward(g)
         if hooks:
             for hook in hooks:
@@ -276,10 +279,10 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             _check_gradient(fn, i, gi, t)
             parent = t._ctx
             if parent is None:
-                _accumulate_leaf(t, gi, handed)
+                _accumulate_leaf(t, gi, handed, half_arithmetic)
             else:
                 previous = grads.get(parent)
-                grads[parent] = gi if previous is None else previous + gi
+                grads[parent] = gi if previous is None else half_arithmetic(np.add, previous, gi)
         if release:
             # Free what this node kept, and let go of its inputs: an intermediate tensor
             # that only the graph still refers to is freed now, not when the whole graph
@@ -290,7 +293,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             fn.inputs = ()
 
 
-def _accumulate_leaf(t: Tensor, g: Any, handed: set[int]) -> None:
+def _accumulate_leaf(t: Tensor, g: Any, handed: set[int], add: Callable[..., Any]) -> None:
     # Several leaves can receive the very same array (a + b hands g to both) or a view
     # of another array; a later in-place change of one .grad (unscaling, clipping) must
     # not leak into another, so such arrays are copied before they are stored.
@@ -300,7 +303,7 @@ def _accumulate_leaf(t: Tensor, g: Any, handed: set[int]) -> None:
         handed.add(id(g))
         t.grad = g
     else:
-        t.grad = t.grad + g
+        t.grad = add(np.add, t.grad, g)
 
 
 def walk(root: Tensor) -> Iterator[Function]:

@@ -101,6 +101,17 @@ def round_to(x: Any, fmt: str = "float16") -> np.ndarray:
         return np.asarray(x, dtype=np.float64).astype(f.dtype).astype(np.float64)
 
 
+def flushes_to_zero(x: Any, fmt: str = "float16") -> np.ndarray:
+    """True where `x` rounds to zero in `fmt`: ``round_to(x, fmt) == 0``, without rounding.
+
+    Round to nearest sends every magnitude below half the smallest subnormal to 0, and
+    the tie at exactly half goes to the even neighbour, which is 0 as well; anything
+    above half rounds up to the smallest subnormal.  One comparison per value instead of
+    a cast (NumPy's cast costs ~60 ns per element on exactly these tiny values).
+    """
+    return np.abs(np.asarray(x)) <= get_format(fmt).min_subnormal / 2
+
+
 def classify(x: float, fmt: str = "float16") -> str:
     """What `fmt` does to the real number `x`: one of
 
@@ -181,4 +192,4 @@ def flushed_to_zero_fraction(values: Any, fmt: str = "float16") -> float:
     x = x[np.isfinite(x) & (x != 0)]
     if x.size == 0:
         return 0.0
-    return float(np.mean(round_to(x, fmt) == 0))
+    return float(np.mean(flushes_to_zero(x, fmt)))

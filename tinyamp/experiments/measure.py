@@ -77,7 +77,7 @@ def underflow_norm_fraction(gradients: np.ndarray, scale: float = 1.0, fmt: str 
     total = float(np.dot(g, g))
     if total == 0.0:
         return 0.0
-    lost = g[formats.round_to(g * scale, fmt) == 0]
+    lost = g[formats.flushes_to_zero(g * scale, fmt)]
     return float(np.dot(lost, lost)) / total
 
 

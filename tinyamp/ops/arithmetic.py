@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tinyamp import dtypes
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops import casting as cast_ops
 from tinyamp.ops.broadcasting import unbroadcast
+from tinyamp.ops.half_casts import half_arithmetic
 from tinyamp.tensor import Scalar, Tensor, as_tensor
 
 
@@ -30,9 +33,9 @@ def operands(a: Tensor | Scalar, b: Tensor | Scalar, op: str | None = None) -> t
     if da != db and not (dtypes.is_floating(da) and dtypes.is_floating(db)):
         target = dtypes.promote(da, db)
         if da != target:
-            a = Tensor._make(a.data.astype(target), False, None)
+            a = Tensor._make(cast_ops.convert(a.data, target), False, None)
         if db != target:
-            b = Tensor._make(b.data.astype(target), False, None)
+            b = Tensor._make(cast_ops.convert(b.data, target), False, None)
     if op is not None and cast_ops.active_autocast is not None:
         a, b = cast_ops.autocast_inputs(op, a, b)
     return a, b
@@ -44,7 +47,7 @@ class Add(Function):
     def forward(self, a: Any, b: Any) -> Any:
         self.a_meta = (a.shape, a.dtype)
         self.b_meta = (b.shape, b.dtype)
-        return a + b
+        return half_arithmetic(np.add, a, b)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         ga, gb = self.needs_input_grad
@@ -60,7 +63,7 @@ class Sub(Function):
     def forward(self, a: Any, b: Any) -> Any:
         self.a_meta = (a.shape, a.dtype)
         self.b_meta = (b.shape, b.dtype)
-        return a - b
+        return half_arithmetic(np.subtract, a, b)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         ga, gb = self.needs_input_grad
@@ -75,14 +78,14 @@ class Mul(Function):
 
     def forward(self, a: Any, b: Any) -> Any:
         self.save_for_backward(a, b)
-        return a * b
+        return half_arithmetic(np.multiply, a, b)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         a, b = self.saved
         ga, gb = self.needs_input_grad
         return (
-            unbroadcast(g * b, a.shape, a.dtype) if ga else None,
-            unbroadcast(g * a, b.shape, b.dtype) if gb else None,
+            unbroadcast(half_arithmetic(np.multiply, g, b), a.shape, a.dtype) if ga else None,
+            unbroadcast(half_arithmetic(np.multiply, g, a), b.shape, b.dtype) if gb else None,
         )
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp.ops.half_casts import astype
+
 _FLOAT32 = np.dtype(np.float32)
 
 
@@ -29,5 +31,5 @@ def unbroadcast(grad: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
         grad = grad.sum(axis=axes, dtype=accumulation_dtype(grad.dtype)).reshape(shape)
     if grad.dtype != dtype:
-        grad = grad.astype(dtype)  # (small after the sum; large casts go through casting.convert)
+        grad = astype(grad, dtype)
     return grad

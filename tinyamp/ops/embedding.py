@@ -14,6 +14,7 @@ from tinyamp import backend
 from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
+from tinyamp.ops.half_casts import astype
 from tinyamp.tensor import Tensor
 
 
@@ -33,14 +34,14 @@ class Embedding(Function):
         # rounded once (a float16 running sum of 4096 ones stops at 2048).
         wide = accumulation_dtype(dtype)
         grad = xp.zeros(shape, dtype=wide)
-        rows = g.reshape(-1, shape[1]).astype(wide, copy=False)
+        rows = astype(g.reshape(-1, shape[1]), wide)
         if xp is np:
             np.add.at(grad, indices.reshape(-1), rows)
         else:
             import cupyx
 
             cupyx.scatter_add(grad, indices.reshape(-1), rows)
-        return grad.astype(dtype, copy=False), None
+        return astype(grad, dtype), None
 
 
 def embedding(weight: Tensor, indices: Tensor | Any) -> Tensor:

@@ -13,6 +13,7 @@ from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.ops.casting import autocast_inputs
+from tinyamp.ops.half_casts import astype
 from tinyamp.ops.softmax import stable_log_softmax
 from tinyamp.tensor import Tensor
 
@@ -47,7 +48,7 @@ class CrossEntropy(Function):
             grad *= g.reshape(-1, 1)
         else:
             grad *= g / grad.shape[0] if reduction == "mean" else g
-        return grad.reshape(shape).astype(log_probs.dtype, copy=False), None
+        return astype(grad.reshape(shape), log_probs.dtype), None
 
 
 def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean") -> Tensor:

@@ -15,6 +15,7 @@ from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.ops.casting import autocast_inputs
+from tinyamp.ops.half_casts import astype
 from tinyamp.tensor import Tensor
 
 
@@ -56,7 +57,7 @@ class LayerNorm(Function):
             ghat = g if weight is None else g * weight
             mean_g = ghat.mean(axis=-1, keepdims=True)
             mean_gx = (ghat * xhat).mean(axis=-1, keepdims=True)
-            grads[0] = (rstd * (ghat - mean_g - xhat * mean_gx)).astype(x_dtype, copy=False)
+            grads[0] = astype(rstd * (ghat - mean_g - xhat * mean_gx), x_dtype)
         return tuple(grads)
 
 

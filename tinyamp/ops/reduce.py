@@ -14,6 +14,7 @@ from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.ops.casting import autocast_inputs
+from tinyamp.ops.half_casts import astype
 from tinyamp.tensor import Tensor
 
 Axis = int | Sequence[int] | None
@@ -84,7 +85,7 @@ class Max(Function):
         axes, keepdims = self.meta
         is_max = x == out
         count = is_max.sum(axis=axes, keepdims=True)
-        return ((_expand(g, axes, keepdims) * is_max / count).astype(x.dtype, copy=False),)
+        return (astype(_expand(g, axes, keepdims) * is_max / count, x.dtype),)
 
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001

@@ -15,6 +15,7 @@ from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.ops.casting import autocast_inputs
+from tinyamp.ops.half_casts import astype
 from tinyamp.tensor import Tensor
 
 
@@ -64,12 +65,12 @@ class GetItem(Function):
         wide = accumulation_dtype(dtype)
         grad = xp.zeros(shape, dtype=wide)
         if xp is np:
-            np.add.at(grad, index, g.astype(wide, copy=False))
+            np.add.at(grad, index, astype(g, wide))
         else:
             import cupyx
 
             cupyx.scatter_add(grad, index, g.astype(wide, copy=False))
-        return (grad.astype(dtype, copy=False),)
+        return (astype(grad, dtype),)
 
 
 class Concatenate(Function):

@@ -16,6 +16,7 @@ from tinyamp.autograd import Function
 from tinyamp.backend import get_array_module
 from tinyamp.ops import bits16
 from tinyamp.ops.casting import autocast_inputs
+from tinyamp.ops.half_casts import astype
 from tinyamp.tensor import Tensor
 
 
@@ -140,19 +141,19 @@ class GELU(Function):
         self.save_for_backward(x)
         wide = _wide16(x)
         t = get_array_module(x).tanh(_GELU_C * (wide + _GELU_A * wide * wide * wide))
-        return (0.5 * wide * (1 + t)).astype(x.dtype, copy=False)
+        return astype(0.5 * wide * (1 + t), x.dtype)
 
     def backward(self, g: Any) -> tuple[Any]:
         (x,) = self.saved
         wide = _wide16(x)
         t = get_array_module(x).tanh(_GELU_C * (wide + _GELU_A * wide * wide * wide))
         d = 0.5 * (1 + t) + 0.5 * wide * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * wide * wide)
-        return ((_wide16(g) * d).astype(g.dtype, copy=False),)
+        return (astype(_wide16(g) * d, g.dtype),)
 
 
 def _wide16(x: Any) -> Any:
     """16-bit floats on NumPy widened to float32 (exact); anything else unchanged."""
-    return x.astype(np.float32) if bits16.is_16bit_float(x) else x
+    return astype(x, np.float32) if bits16.is_16bit_float(x) else x
 
 
 def neg(x: Tensor) -> Tensor:

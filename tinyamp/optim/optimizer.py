@@ -148,9 +148,9 @@ class Optimizer:
             if accumulation_dtype(w.dtype) == w.dtype:
                 self.update(w, g, state)
             else:  # 16-bit: compute in float32, round once on the way back
-                w32 = w.astype(np.float32)
-                self.update(w32, g.astype(np.float32), state)
-                w[...] = w32
+                w32 = convert(w, np.float32)
+                self.update(w32, convert(g, np.float32), state)
+                convert(w32, w.dtype, out=w)
             if copy is not None:
                 convert(w, copy.dtype, out=copy)  # one rounding, in place
 
