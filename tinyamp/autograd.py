@@ -17,11 +17,10 @@ thousand nodes; a 100,000-op chain must backprop).
 from __future__ import annotations
 
 import functools
+import operator
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 if TYPE_CHECKING:
     from tinyamp.tensor import Tensor
@@ -267,7 +266,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         if fn.output_ref is not None:
             out = fn.output_ref()
             if out is not None:  # a copy: g may be a read-only view, or reach a leaf's .grad too
-                out.grad = g.copy() if out.grad is None else half_arithmetic(np.add, out.grad, g)
+                out.grad = g.copy() if out.grad is None else half_arithmetic(operator.add, out.grad, g)
         input_grads = fn.backward(g)
         if hooks:
             for hook in hooks:
@@ -282,7 +281,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
                 _accumulate_leaf(t, gi, handed, half_arithmetic)
             else:
                 previous = grads.get(parent)
-                grads[parent] = gi if previous is None else half_arithmetic(np.add, previous, gi)
+                grads[parent] = gi if previous is None else half_arithmetic(operator.add, previous, gi)
         if release:
             # Free what this node kept, and let go of its inputs: an intermediate tensor
             # that only the graph still refers to is freed now, not when the whole graph
@@ -303,7 +302,7 @@ def _accumulate_leaf(t: Tensor, g: Any, handed: set[int], add: Callable[..., Any
         handed.add(id(g))
         t.grad = g
     else:
-        t.grad = add(np.add, t.grad, g)
+        t.grad = add(operator.add, t.grad, g)
 
 
 def walk(root: Tensor) -> Iterator[Function]:

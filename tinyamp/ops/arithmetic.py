@@ -7,9 +7,8 @@ forward, so the float16 input's gradient is rounded back to float16).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
-
-import numpy as np
 
 from tinyamp import dtypes
 from tinyamp.autograd import Function
@@ -47,7 +46,7 @@ class Add(Function):
     def forward(self, a: Any, b: Any) -> Any:
         self.a_meta = (a.shape, a.dtype)
         self.b_meta = (b.shape, b.dtype)
-        return half_arithmetic(np.add, a, b)
+        return half_arithmetic(operator.add, a, b)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         ga, gb = self.needs_input_grad
@@ -63,7 +62,7 @@ class Sub(Function):
     def forward(self, a: Any, b: Any) -> Any:
         self.a_meta = (a.shape, a.dtype)
         self.b_meta = (b.shape, b.dtype)
-        return half_arithmetic(np.subtract, a, b)
+        return half_arithmetic(operator.sub, a, b)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         ga, gb = self.needs_input_grad
@@ -78,14 +77,14 @@ class Mul(Function):
 
     def forward(self, a: Any, b: Any) -> Any:
         self.save_for_backward(a, b)
-        return half_arithmetic(np.multiply, a, b)
+        return half_arithmetic(operator.mul, a, b)
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         a, b = self.saved
         ga, gb = self.needs_input_grad
         return (
-            unbroadcast(half_arithmetic(np.multiply, g, b), a.shape, a.dtype) if ga else None,
-            unbroadcast(half_arithmetic(np.multiply, g, a), b.shape, b.dtype) if gb else None,
+            unbroadcast(half_arithmetic(operator.mul, g, b), a.shape, a.dtype) if ga else None,
+            unbroadcast(half_arithmetic(operator.mul, g, a), b.shape, b.dtype) if gb else None,
         )
 
 

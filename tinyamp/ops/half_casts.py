@@ -83,21 +83,22 @@ def astype(x: Any, dtype: Any) -> Any:
     return x.astype(dtype, copy=False)
 
 
-def half_arithmetic(ufunc: Any, a: Any, b: Any) -> Any:
-    """``ufunc(a, b)`` (add, subtract, multiply, divide): for two large float16 arrays
-    computed as NumPy's own float16 loop computes it, with the casts above.
+def half_arithmetic(op: Any, a: Any, b: Any) -> Any:
+    """``op(a, b)`` for ``op`` one of ``operator.add``, ``sub``, ``mul``, ``truediv``; for two
+    large float16 NumPy arrays computed as NumPy's own float16 loop computes it, with the
+    casts above.
 
     NumPy's float16 loop widens both operands to float32, applies the float32 operation
     and rounds the result to float16, one element at a time; doing the same three steps
     as whole-array passes gives the same bits (the double rounding, float32 then float16,
     never differs from one correct rounding: float32 carries 24 >= 2 * 11 + 2 bits).
-    Anything else (float32, a Python scalar, small or CuPy arrays) goes to ``ufunc``.
+    Anything else (float32, a Python scalar, small or CuPy arrays) is plain ``op(a, b)``.
     """
     # `is`: NumPy's built-in dtypes are singletons, and this runs on every add of a graph
     if getattr(a, "dtype", None) is _F16 and getattr(b, "dtype", None) is _F16 and type(a) is type(b) is np.ndarray:
         if a.size >= SMALL or b.size >= SMALL:
-            return astype(ufunc(astype(a, _F32), astype(b, _F32)), _F16)
-    return ufunc(a, b)
+            return astype(op(astype(a, _F32), astype(b, _F32)), _F16)
+    return op(a, b)
 
 
 def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
