@@ -31,7 +31,9 @@ TIMINGS = {
 
 
 def run_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT))
+    # one BLAS thread: the dry run spawns `tinyamp demo`, and OpenBLAS threads spinning against
+    # another process on a loaded machine made it 100x slower (killed by its section timeout)
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
