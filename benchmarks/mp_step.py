@@ -75,3 +75,45 @@ def time_breakdown(x: np.ndarray, y: np.ndarray, steps: int = 15) -> dict[str, f
             for name, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 phases[name].append(1e3 * dt)
     return {name: float(np.median(v)) for name, v in phases.items()}
+
+
+def cast_time(x: np.ndarray, y: np.ndarray, steps: int = 15) -> tuple[float, float]:
+    """Median milliseconds per mixed-precision step spent in FP16 <-> FP32 conversions, and per step.
+
+    Times every call of the two conversion functions (``widen_float16``, ``round_to_float16``)
+    by wrapping them where tinyamp calls them, for the duration of this measurement only.
+    """
+    import time
+
+    from tinyamp.ops import casting, half_casts
+
+    spent = [0.0]
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        return wrapper
+
+    names = ("widen_float16", "round_to_float16")
+    originals = {(m, name): getattr(m, name) for m in (casting, half_casts) for name in names}
+    step = mixed_precision_step(x, y)
+    per_step, in_casts = [], []
+    try:
+        for (module, name), fn in originals.items():
+            setattr(module, name, timed(fn))
+        for i in range(steps + 2):
+            spent[0] = 0.0
+            t0 = time.perf_counter()
+            step()
+            if i >= 2:  # warm-up steps excluded
+                per_step.append(1e3 * (time.perf_counter() - t0))
+                in_casts.append(1e3 * spent[0])
+    finally:
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
+    return float(np.median(in_casts)), float(np.median(per_step))

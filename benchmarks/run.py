@@ -88,6 +88,9 @@ def bench_mixed_precision_step() -> list[dict]:
     ]
     for phase, ms in mp_step.time_breakdown(x, y).items():
         rows.append(row("  where the mixed-precision step's time goes", phase, "ms", ms, float("nan")))
+    casts_ms, step_ms = mp_step.cast_time(x, y)
+    rows.append(row("  of which FP16 <-> FP32 conversions (share of the step)", "widen + round", "ms", casts_ms,
+                    casts_ms / step_ms))  # fmt: skip
     fp32_bytes, mixed_bytes = mp_step.saved_bytes(x)
     rows.append(row("saved activation bytes (graph of the MLP output)", "fp32", "MB", fp32_bytes / 1e6, float("nan")))
     rows.append(
