@@ -160,3 +160,14 @@ def test_half_arithmetic_leaves_other_operands_to_numpy() -> None:
     x = np.arange(SMALL, dtype=F16)
     assert half_arithmetic(operator.mul, x, 0.5).dtype == F16  # a Python scalar: NumPy's rules
     assert half_arithmetic(operator.add, x, x.astype(F32)).dtype == F32  # mixed: NumPy promotes
+
+
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan, -np.nan])
+def test_widen_finds_a_lone_inf_or_nan_in_any_block(special: float) -> None:
+    """One non-finite value, positive or negative, sends its block (only) through NumPy's cast."""
+    rng = np.random.default_rng(5)
+    h = rng.standard_normal(3 * BLOCK + 9).astype(F16)
+    for position in (0, BLOCK - 1, 2 * BLOCK + 3):
+        x = h.copy()
+        x[position] = special
+        assert same_bits(widen_float16(x), x.astype(F32))

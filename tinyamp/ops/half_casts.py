@@ -108,16 +108,18 @@ def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     flat = h.reshape(-1)
     signed16, unsigned16, out32 = flat.view(_I16), flat.view(_U16), out.reshape(-1).view(_I32)
     n = flat.size
-    wide, doubled = np.empty(min(n, BLOCK), _I32), np.empty(min(n, BLOCK), _U16)
+    wide = np.empty(min(n, BLOCK), _I32)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        w, d = wide[: stop - start], doubled[: stop - start]
-        np.left_shift(unsigned16[start:stop], 1, out=d)  # the sign shifted out: inf and NaN are >= 0xF800
-        if d.max() >= _F16_INF_BITS << 1:  # inf or NaN in this block: NumPy's cast keeps NaN payloads
+        w, s16 = wide[: stop - start], signed16[start:stop]
+        # inf or NaN here?  As int16, +inf and the positive NaNs are the largest values
+        # (>= 0x7C00); as uint16, -inf and the negative NaNs are (>= 0xFC00).  Two reductions,
+        # no pass that writes.  NumPy's cast then keeps the NaN payloads.
+        if s16.max() >= _F16_INF_BITS or unsigned16[start:stop].max() >= 0x8000 | _F16_INF_BITS:
             out32[start:stop] = flat[start:stop].astype(_F32).view(_I32)
             continue
-        w[...] = signed16[start:stop]  # int16 -> int32 copies the sign bit into bits 16-31
-        np.left_shift(w, 13, out=w)  # magnitude onto float32's exponent and mantissa fields
+        np.left_shift(s16, 13, out=w, dtype=_I32)  # as int32 (sign copied into bits 16-31), shifted:
+        # the magnitude lands on float32's exponent and mantissa fields, a sign copy on bit 31
         np.bitwise_and(w, _KEEP_SIGN_AND_MAGNITUDE, out=w)  # clear bits 28-30, keep the sign in bit 31
         np.multiply(w.view(_F32), np.float32(2.0**112), out=out32[start:stop].view(_F32))  # exact: a power of 2
     return out
