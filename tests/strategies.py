@@ -456,3 +456,8 @@ def multiples_of_smallest_subnormal() -> SearchStrategy[float]:
     ties = st.sampled_from([0.5, float(np.nextafter(0.5, 0.0)), float(np.nextafter(0.5, 1.0)), 1.5, 0.0])
     magnitude = ties | st.floats(0.0, 2.0)
     return st.tuples(magnitude, st.booleans()).map(lambda ms: -ms[0] if ms[1] else ms[0])
+
+
+def draw_sizes(max_draws: int = 6, max_size: int = 300) -> SearchStrategy[list[int]]:
+    """Sizes of successive draws from one random stream (zero-size draws included)."""
+    return st.lists(st.integers(0, max_size), min_size=1, max_size=max_draws)

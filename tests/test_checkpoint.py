@@ -11,6 +11,7 @@ from strategies import depth_and_segment
 import tinyamp as ta
 from tinyamp import nn
 from tinyamp.amp import autocast
+from tinyamp.backend import to_device
 from tinyamp.inspect import saved_tensors
 
 WIDTH, BATCH = 8, 3
@@ -52,6 +53,19 @@ def test_checkpointed_gradients_equal_the_plain_ones_bit_for_bit(
     for a, b in zip(plain, checked):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
+
+
+def test_checkpointing_replays_dropout_masks_on_every_device(device: str) -> None:
+    """The replayed segments draw the same dropout masks on the CPU and on the GPU."""
+    blocks = [b.to(device) for b in make_blocks(4, 0.5)]
+    data = np.random.default_rng(1).standard_normal((BATCH, WIDTH))
+    x = ta.tensor(data, dtype="float32", device=device, requires_grad=True)
+    plain = gradients(blocks, x, None, False)
+    checked = gradients(blocks, x, 2, False)
+    no_dropout = gradients([b.to(device) for b in make_blocks(4, 0.0)], x, None, False)
+    assert not np.array_equal(to_device(plain[0], "cpu"), to_device(no_dropout[0], "cpu"))  # masks did act
+    for a, b in zip(plain, checked):
+        np.testing.assert_array_equal(to_device(a, "cpu"), to_device(b, "cpu"))
 
 
 def test_parameters_get_gradients_when_the_input_needs_none() -> None:
