@@ -1,4 +1,4 @@
-"""GPU verification of tinyamp: the GPU tests, then throughput and memory measured on one GPU.
+"""GPU verification of tinyamp: throughput and memory measured on one GPU, then the commands and GPU tests.
 
     PYTHONPATH=. OUT=$OUT python3 benchmarks/gpu_check.py     # on one GPU; ends by --time-limit (285 s)
     python benchmarks/gpu_check.py --quick                     # smaller sizes, a fast look
@@ -7,14 +7,16 @@
 Sections, in order (each independent: a failing one prints its traceback, is marked
 FAILED in the table, and the run goes on):
 
-1. env          GPU, driver, CUDA runtime, versions, tinyamp.cuda_is_available()
-2. tests        pytest -k cuda tests, in a subprocess with a timeout
-   cli          tinyamp train and tinyamp demo with --device on the device, end to end
-3. matmul       tinyamp FP16 vs cuBLAS FP16 vs FP32 (no TF32) vs TF32 at n^3, results checked
-4. mlp          MLP training step, FP32 vs mixed precision: time and peak memory
-5. transformer  CharTransformer training step, FP32 vs mixed precision
-6. overhead     a tiny MLP step: host wall time vs the GPU busy time of its kernels
-7. torch-amp    PyTorch AMP on the MLP of section 4 (last, so its allocator does not disturb CuPy's)
+1. env          GPU, driver, CUDA runtime, versions, tinyamp.cuda_is_available(), and a smoke
+                test (cuBLAS loads, a float16 GemmEx product and a fused update kernel run)
+2. matmul       tinyamp FP16 vs cuBLAS FP16 vs FP32 (no TF32) vs TF32 at n^3, results checked
+3. mlp          MLP training step, FP32 vs mixed precision: time and peak memory
+4. transformer  CharTransformer training step, FP32 vs mixed precision
+5. overhead     a tiny MLP step: host wall time vs the GPU busy time of its kernels
+6. torch-amp    PyTorch AMP on the MLP of section 3 (the last in this process, so its
+                allocator does not disturb CuPy's in the sections before it)
+7. cli          tinyamp train and tinyamp demo with --device on the device, end to end
+8. tests        pytest -k cuda tests, in a subprocess with a timeout
 
 Then one Markdown table and a JSON file of every number: $OUT/gpu_check.json when OUT
 is set, else benchmarks/results/gpu_check.json.  Exit status: 0 when every section
@@ -66,14 +68,15 @@ CONFIGS = {
 
 SECTIONS: list[tuple[str, Callable[[Context, Section], None], float]] = [
     ("env", environment, 60),
-    ("tests", gpu_tests, 200),
-    ("cli", cli, 150),
     ("matmul", matmul, 90),
     ("mlp", mlp, 120),
     ("transformer", transformer, 120),
     ("overhead", overhead, 60),
     ("torch-amp", torch_amp, 90),
-]  # name, function, time limit in seconds (the whole run has its own limit too)
+    ("cli", cli, 150),
+    ("tests", gpu_tests, 200),
+]  # name, function, time limit in seconds (the whole run has its own limit too): the numbers the
+# issue asks for first, then the end-to-end commands and the test suite, which the watchdog may cut
 
 
 class SectionTimeout(Exception):

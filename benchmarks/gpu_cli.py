@@ -17,8 +17,8 @@ from gpu_report import Section
 from gpu_sections import Context, run_python
 
 COMMANDS = {
-    "train": ["train", "--precision", "mixed", "--steps", "40", "--quiet"],
-    "demo": ["demo", "--steps", "60", "--transformer-steps", "10", "--quiet"],
+    "train": ["train", "--precision", "mixed", "--steps", "30", "--quiet"],
+    "demo": ["demo", "--steps", "30", "--transformer-steps", "5", "--quiet"],
 }
 TIMEOUT_S = 100.0
 

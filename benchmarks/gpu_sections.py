@@ -113,6 +113,41 @@ def environment(ctx: Context, sec: Section) -> None:
         sec.record("available_row", available, "tinyamp.cuda_is_available()", target="True", met=available)
     else:
         sec.record("available_row", available, "tinyamp.cuda_is_available()")
+    t0 = time.perf_counter()
+    smoke_test(dev.name)
+    sec.record("smoke_row", f"ok in {time.perf_counter() - t0:.1f} s", "smoke test (GemmEx product, one mixed step)")
+
+
+def smoke_test(device: str) -> None:
+    """Fail early, with a clear message, where the whole run would fail later.
+
+    ``cupy.is_available()`` says True even when cuBLAS cannot be loaded or the float16
+    headers are missing for NVRTC; this loads cuBLAS, checks one float16 product (exact on
+    small integers), and runs one mixed-precision step (the unscale and fused update kernels).
+    """
+    from tinyamp import backend, nn, optim
+    from tinyamp.amp import LossScaler, MasterWeights, autocast
+
+    if device == "cuda":
+        backend.cublas()  # a DeviceError naming the fix if libcublas cannot be loaded
+    a = np.arange(12, dtype=np.float16).reshape(3, 4)
+    b = np.arange(20, dtype=np.float16).reshape(4, 5) - 9
+    product = ta.matmul(ta.tensor(a, device=device), ta.tensor(b, device=device)).numpy()
+    expected = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    if product.dtype != np.float16 or not np.array_equal(product, expected):
+        raise RuntimeError(f"float16 matmul on {device}: got {product.tolist()}, expected {expected.tolist()}")
+    ta.manual_seed(0)
+    model = nn.MLP([8, 16, 4]).to(device).half()
+    opt, scaler = MasterWeights(optim.SGD(model.parameters(), lr=0.1, momentum=0.9)), LossScaler(init_scale=2.0**10)
+    x = ta.tensor(np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8), device=device)
+    y = ta.tensor(np.array([0, 1, 2, 3]), device=device)
+    with autocast():
+        loss = ta.cross_entropy(model(x), y)
+    scaler.scale_loss(loss).backward()
+    report = scaler.step(opt)
+    weights = np.concatenate([p.numpy().ravel() for p in model.parameters()])
+    if report.skipped or not np.isfinite(weights).all():
+        raise RuntimeError(f"one mixed-precision step on {device}: skipped={report.skipped}, {report}")
 
 
 # ---- 2. tinyamp's test-suite on the GPU --------------------------------------------------------------------
@@ -146,6 +181,10 @@ def run_python(ctx: Context, args: list[str], timeout_s: float, extra_env: dict[
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
         out, _ = proc.communicate()
+    except BaseException:  # the section's alarm, or Ctrl-C: never leave a child loading the GPU
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     finally:
         ctx.children.remove(proc.pid)
     return proc.returncode, out, time.perf_counter() - t0, timed_out

@@ -117,6 +117,19 @@ def test_cuda_without_a_gpu_exits_2_and_says_why(command: str, capsys: pytest.Ca
     assert "cuda" in capsys.readouterr().err
 
 
+def test_bfloat16_is_refused_on_cuda_and_left_out_of_its_demo() -> None:
+    """CuPy has no bfloat16 arrays: `train --precision bf16-mixed --device cuda` is a usage error
+    (exit 2, checked after the GPU check), and the GPU demo runs the other regimes."""
+    from tinyamp.cli import UsageError, _check_precision
+    from tinyamp.experiments.runner import demo_regimes
+
+    with pytest.raises(UsageError, match="CPU only"):
+        _check_precision("bf16-mixed", "cuda")
+    _check_precision("mixed", "cuda")
+    assert "bf16-mixed" not in demo_regimes("cuda")
+    assert demo_regimes("cuda") == [r for r in demo_regimes("cpu") if r != "bf16-mixed"]
+
+
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--batch-size", "-1"], ["--lr", "0"], ["--steps", "-3"]])
 def test_bad_numbers_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", *args]) == 2

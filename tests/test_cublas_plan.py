@@ -97,6 +97,10 @@ def test_empty_products_are_zeros_without_a_call() -> None:
     bias = np.array([1.0, 2.0, 3.0], f16)
     with_bias = cublas_gemm.matmul(np.ones((2, 0), f16), np.ones((0, 3), f16), np.float32, bias=bias)
     assert np.array_equal(with_bias, np.tile(bias.astype(np.float32), (2, 1)))
+    # batched, with an empty matrix in each entry (a reshape with -1 cannot infer the batch there)
+    batched = cublas_gemm.matmul(np.ones((2, 0, 5), f16), np.ones((2, 5, 3), f16), np.float16)
+    assert batched.shape == (2, 0, 3)
+    assert cublas_gemm.matmul(np.ones((3, 2, 0), f16), np.ones((0, 4), f16), np.float32).shape == (3, 2, 4)
 
 
 # ---- the GPU branches of matmul.py, run on the CPU through a NumPy stand-in for cuBLAS ---------------

@@ -18,7 +18,7 @@ import tinyamp
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ("env", "tests", "cli", "matmul", "mlp", "transformer", "overhead", "torch-amp")
+SECTIONS = ("env", "matmul", "mlp", "transformer", "overhead", "torch-amp", "cli", "tests")
 # the timings (seconds) each measuring section must report; torch-amp only where PyTorch is installed
 TIMINGS = {
     "matmul": ("tinyamp_fp16_s", "cublas_fp16_s", "fp32_s", "tf32_s"),

@@ -48,11 +48,17 @@ def _import_cupy() -> ModuleType:
 def cublas() -> ModuleType:
     """CuPy's thin cuBLAS wrapper (GemmEx and friends), for the Tensor Core products."""
     cupy = _import_cupy()
-    module = getattr(cupy.cuda, "cublas", None)
-    if module is None or not hasattr(module, "gemmStridedBatchedEx"):  # some layouts keep it in cupy_backends
-        import importlib
+    try:  # CuPy loads libcublas on first use: a missing library is an ImportError here, not at `import cupy`
+        module = getattr(cupy.cuda, "cublas", None)
+        if module is None or not hasattr(module, "gemmStridedBatchedEx"):  # some layouts keep it in cupy_backends
+            import importlib
 
-        module = importlib.import_module("cupy_backends.cuda.libs.cublas")
+            module = importlib.import_module("cupy_backends.cuda.libs.cublas")
+    except ImportError as exc:
+        raise DeviceError(
+            f"CuPy sees a GPU but cannot load cuBLAS ({exc}). Install the CUDA libraries with CuPy, e.g. "
+            "pip install 'cupy-cuda13x[ctk]' (or cupy-cuda12x[ctk]), or use device='cpu'."
+        ) from exc
     return module
 
 

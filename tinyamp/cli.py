@@ -127,11 +127,17 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
 
 
-def _check_precision(precision: str) -> None:
+def _check_precision(precision: str, device: str) -> None:
     from tinyamp.experiments.regimes import REGIMES, bfloat16_available
 
-    if REGIMES[precision].weights == "bfloat16" and not bfloat16_available():
-        raise UsageError(f"--precision {precision} needs the optional package ml_dtypes: pip install ml_dtypes")
+    if REGIMES[precision].weights == "bfloat16":
+        if device != "cpu":
+            raise UsageError(
+                f"--precision {precision} runs on the CPU only: CuPy has no bfloat16 arrays. "
+                "Use --precision mixed (FP16) with --device cuda."
+            )
+        if not bfloat16_available():
+            raise UsageError(f"--precision {precision} needs the optional package ml_dtypes: pip install ml_dtypes")
 
 
 def _write_outputs(out: Any, document: dict[str, Any], save: Callable[[Path], None] | None = None) -> list[str]:
@@ -168,7 +174,7 @@ def demo(args: argparse.Namespace) -> int:
         out.check()
     progress = _progress(args.quiet)
     began = time.perf_counter()
-    regimes = demo_regimes()
+    regimes = demo_regimes(args.device)
     mlp = DigitsMLP(seed=args.seed, device=args.device)
     print(
         f"Digits MLP 64-{'-'.join(map(str, mlp.hidden))}-10, {args.steps} steps of SGD (momentum {mlp.momentum}, "
@@ -321,7 +327,7 @@ def train(args: argparse.Namespace) -> int:
     args.model = args.model or "mlp"
     args.precision = args.precision or "mixed"
     args.seed = 0 if args.seed is None else args.seed
-    _check_precision(args.precision)
+    _check_precision(args.precision, args.device)
     out = OutputFolder(args.out) if args.out else None
     if out is not None:
         out.check()

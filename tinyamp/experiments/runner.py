@@ -41,9 +41,10 @@ def load_widened(reference: Module, model: Module) -> Module:
     return reference
 
 
-def demo_regimes() -> list[str]:
-    """The regimes the demo compares: all of them, bf16-mixed when ml_dtypes is installed."""
-    return [name for name in REGIMES if name != "bf16-mixed" or bfloat16_available()]
+def demo_regimes(device: str = "cpu") -> list[str]:
+    """The regimes the demo compares: all of them, bf16-mixed when ml_dtypes is installed and
+    the device is the CPU (CuPy has no bfloat16 arrays)."""
+    return [name for name in REGIMES if name != "bf16-mixed" or (bfloat16_available() and device == "cpu")]
 
 
 def run_regime(

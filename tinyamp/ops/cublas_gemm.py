@@ -84,7 +84,8 @@ def _matrix_stack(x: Any, batch_shape: tuple[int, ...]) -> Operand:
             x, transposed = x.swapaxes(-1, -2), False
             rows, cols = cols, rows
         x = xp.ascontiguousarray(xp.broadcast_to(x, batch_shape + (rows, cols)))
-    return Operand(x.reshape(-1, rows, cols), transposed, rows * cols)
+    # the batch count, not -1: with rows * cols == 0 NumPy/CuPy cannot infer it
+    return Operand(x.reshape(math.prod(batch_shape), rows, cols), transposed, rows * cols)
 
 
 def _logical_shape(op: Operand) -> tuple[int, int]:
