@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tinyamp.amp import unscale_cuda  # noqa: E402
+from tinyamp.ops.exact_float32_cuda import PREAMBLE  # noqa: E402
 from tinyamp.optim import fused_cuda  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def kernel(name: str, params: list[str], body: str) -> str:
 def source() -> str:
     """Every kernel body of tinyamp, each bound to element i of its arrays as CuPy binds it."""
     scalars = "float beta1, float beta2, float one_minus_beta1, float one_minus_beta2, float bias_correction2_sqrt"
-    parts = ["#include <cupy/carray.cuh>\n#include <cupy/float16.cuh>\n"]
+    parts = ["#include <cupy/carray.cuh>\n#include <cupy/float16.cuh>\n", PREAMBLE]
     parts.append(kernel(
         "sgd", ["const float* g_", "float lr", "float wd", "const int* skip", "float* w_", "float16* w16_"],
         "const float g = g_[i]; float &w = w_[i]; float16 &w16 = w16_[i];\n" + fused_cuda._SGD,
@@ -69,7 +70,7 @@ def source() -> str:
     parts.append(kernel(
         "scaled_squares", ["const float16* x_", "float inverse", "double* out"],
         "const float16 x = x_[i];\n"
-        "out[i] = (double)__fmul_rn((float)x, inverse) * (double)__fmul_rn((float)x, inverse);",
+        "out[i] = f32_to_f64(f32_mul((float)x, inverse)) * f32_to_f64(f32_mul((float)x, inverse));",
     ))  # fmt: skip
     return "".join(parts)
 

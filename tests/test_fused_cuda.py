@@ -88,6 +88,29 @@ def test_one_fused_update_is_bit_identical_to_numpy(name: str) -> None:
 
 
 @needs_cuda
+@pytest.mark.parametrize("name", ["adamw", "sgd-momentum-wd"])
+def test_fused_updates_keep_float32_subnormals_as_numpy_does(name: str) -> None:
+    """CuPy compiles kernels with -ftz=true; the kernels' PTX arithmetic must still keep
+    float32 subnormals: Adam's g*g for |g| ~ 1e-20 is ~1e-40, below float32's smallest normal."""
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal(4096).astype(np.float32) * np.float32(1e-36)
+    grads = [rng.standard_normal(4096).astype(np.float32) * np.float32(1e-20) for _ in range(2)]
+    assert np.any(np.abs(grads[0] * grads[0]) < np.finfo(np.float32).tiny)  # the case under test
+    results = {}
+    for device in ("cpu", "cuda"):
+        master = ta.tensor(w0, device=device, requires_grad=True)
+        opt = OPTIMIZERS[name]([("w", master)])
+        copy = ta.tensor(w0.astype(np.float16), device=device).data
+        for g in grads:
+            master.grad = ta.tensor(g, device=device).data
+            opt.step(rounded_copies=[copy])
+        moments = [v for v in opt.state[0].values() if hasattr(v, "shape")]
+        results[device] = [to_device(a, "cpu") for a in (master.data, copy, *moments)]
+    for a, b in zip(results["cpu"], results["cuda"]):
+        assert a.tobytes() == b.tobytes()
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_fused_unscale_gives_the_cpu_bits_and_flags_the_nonfinite(dtype: Any) -> None:
     rng = np.random.default_rng(2)

@@ -3,7 +3,8 @@
 On NumPy, unscaling is a multiply and the finiteness check comes from the sum of squares
 (scaler.py).  On the GPU every pass is a trip through memory, so one
 ``cupy.ElementwiseKernel`` multiplies each gradient by 1/scale in place (in float32,
-rounded once into the gradient's dtype, as ``_multiply_`` does on the CPU: the same bits)
+rounded once into the gradient's dtype, as ``_multiply_`` does on the CPU: the same bits,
+with the IEEE multiply of tinyamp/ops/exact_float32_cuda.py)
 and raises a per-gradient device flag when the stored result is not finite.  A reduction
 kernel sums the squares in float64 for the gradient norm without a float64 copy of the
 gradient.  The flags and the sums then travel to the host together: one read per step.
@@ -17,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
+from tinyamp.ops.exact_float32_cuda import PREAMBLE
 
 _UNSCALE = """
-float v = __fmul_rn((float)g, inverse);
+float v = f32_mul((float)g, inverse);
 g = (T)v;
 if (!isfinite((float)g)) flag[0] = 1;
 """
@@ -28,17 +30,19 @@ if (!isfinite((float)g)) flag[0] = 1;
 @cache
 def _kernels() -> tuple[Any, Any, Any]:  # pragma: no cover - needs a GPU
     cupy = backend.array_module("cuda")
-    unscale = cupy.ElementwiseKernel("float32 inverse", "T g, raw int32 flag", _UNSCALE, "tinyamp_unscale")
+    unscale = cupy.ElementwiseKernel(
+        "float32 inverse", "T g, raw int32 flag", _UNSCALE, "tinyamp_unscale", preamble=PREAMBLE
+    )
     squares = cupy.ReductionKernel(
-        "T x", "float64 total", "(double)(float)x * (double)(float)x", "a + b", "total = a", "0",
-        "tinyamp_sum_of_squares",
+        "T x", "float64 total", "f32_to_f64((float)x) * f32_to_f64((float)x)", "a + b", "total = a", "0",
+        "tinyamp_sum_of_squares", preamble=PREAMBLE,
     )  # fmt: skip
     # sum((x / scale)^2) of a float16 gradient, each term unscaled in float32 as the CPU does,
     # without writing the unscaled values anywhere: an inf or NaN makes the sum non-finite.
     scaled_squares = cupy.ReductionKernel(
         "T x, float32 inverse", "float64 total",
-        "(double)__fmul_rn((float)x, inverse) * (double)__fmul_rn((float)x, inverse)", "a + b", "total = a", "0",
-        "tinyamp_scaled_sum_of_squares",
+        "f32_to_f64(f32_mul((float)x, inverse)) * f32_to_f64(f32_mul((float)x, inverse))", "a + b", "total = a", "0",
+        "tinyamp_scaled_sum_of_squares", preamble=PREAMBLE,
     )  # fmt: skip
     return unscale, squares, scaled_squares
 

@@ -5,10 +5,11 @@ On NumPy the same step is several whole-array passes (the update's arithmetic, t
 rounding into the model); on the GPU each pass is a trip through memory, so one
 ``cupy.ElementwiseKernel`` per parameter does it all.  The kernels repeat the NumPy
 update of sgd.py and adam.py operation by operation, with the float32 constants the
-NumPy code uses, and every multiply, add, divide and square root written as a
-correctly rounded intrinsic (``__fmul_rn`` ...): a compiler may otherwise fuse a * b + c
-into one FMA with one rounding instead of two, and the GPU step would drift from the
-CPU step.  With that, the two give the same bits (tests/test_fused_cuda.py).
+NumPy code uses, and every multiply, add, divide and square root written as one IEEE
+instruction (``f32_mul`` ... from tinyamp/ops/exact_float32_cuda.py): a compiler may
+otherwise fuse a * b + c into one FMA with one rounding instead of two, and CuPy's
+``-ftz=true`` would flush float32 subnormals, and the GPU step would drift from the CPU
+step.  With that, the two give the same bits (tests/test_fused_cuda.py).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
+from tinyamp.ops.exact_float32_cuda import PREAMBLE
 
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
 _SGD = """
 if (skip[0] == 0) {
     float d = g;
-    if (wd != 0.0f) d = __fadd_rn(__fmul_rn(w, wd), g);
-    w = __fsub_rn(w, __fmul_rn(lr, d));
+    if (wd != 0.0f) d = f32_add(f32_mul(w, wd), g);
+    w = f32_sub(w, f32_mul(lr, d));
     w16 = (float16)w;
 }
 """
@@ -35,10 +37,10 @@ if (skip[0] == 0) {
 _SGD_MOMENTUM = """
 if (skip[0] == 0) {
     float d = g;
-    if (wd != 0.0f) d = __fadd_rn(__fmul_rn(w, wd), g);
-    buf = first ? d : __fadd_rn(__fmul_rn(buf, mu), d);
-    d = nesterov ? __fadd_rn(d, __fmul_rn(mu, buf)) : buf;
-    w = __fsub_rn(w, __fmul_rn(lr, d));
+    if (wd != 0.0f) d = f32_add(f32_mul(w, wd), g);
+    buf = first ? d : f32_add(f32_mul(buf, mu), d);
+    d = nesterov ? f32_add(d, f32_mul(mu, buf)) : buf;
+    w = f32_sub(w, f32_mul(lr, d));
     w16 = (float16)w;
 }
 """
@@ -47,14 +49,14 @@ _ADAM = """
 if (skip[0] == 0) {
     float grad = g;
     if (decoupled) {
-        if (wd != 0.0f) w = __fmul_rn(w, decay);
+        if (wd != 0.0f) w = f32_mul(w, decay);
     } else if (wd != 0.0f) {
-        grad = __fadd_rn(__fmul_rn(w, wd), g);
+        grad = f32_add(f32_mul(w, wd), g);
     }
-    m = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(grad, one_minus_beta1));
-    v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(__fmul_rn(grad, grad), one_minus_beta2));
-    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bias_correction2_sqrt), eps);
-    w = __fsub_rn(w, __fmul_rn(__fdiv_rn(m, denom), step_size));
+    m = f32_add(f32_mul(m, beta1), f32_mul(grad, one_minus_beta1));
+    v = f32_add(f32_mul(v, beta2), f32_mul(f32_mul(grad, grad), one_minus_beta2));
+    float denom = f32_add(f32_div(f32_sqrt(v), bias_correction2_sqrt), eps);
+    w = f32_sub(w, f32_mul(f32_div(m, denom), step_size));
     w16 = (float16)w;
 }
 """
@@ -63,7 +65,7 @@ if (skip[0] == 0) {
 # A float16 gradient straight from the model, unscaled inside the kernel: the product of
 # the exact widening and 1/scale rounded once is what gather + unscale give on the CPU, so
 # no float32 copy of the gradients is ever made.
-_FROM_FLOAT16 = "const float g = __fmul_rn((float)g16, inverse);\n"
+_FROM_FLOAT16 = "const float g = f32_mul((float)g16, inverse);\n"
 
 _SIGNATURES = {
     "sgd": ("float32 g, float32 lr, float32 wd, raw int32 skip", "float32 w, float16 w16", _SGD),
@@ -88,10 +90,12 @@ def _kernels() -> dict[tuple[str, bool], Any]:  # pragma: no cover - needs a GPU
     cupy = backend.array_module("cuda")
     kernels = {}
     for name, (params, outputs, body) in _SIGNATURES.items():
-        kernels[name, False] = cupy.ElementwiseKernel(params, outputs, body, f"tinyamp_master_{name}")
+        kernels[name, False] = cupy.ElementwiseKernel(
+            params, outputs, body, f"tinyamp_master_{name}", preamble=PREAMBLE
+        )
         params16 = params.replace("float32 g,", "float16 g16, float32 inverse,", 1)
         kernels[name, True] = cupy.ElementwiseKernel(
-            params16, outputs, _FROM_FLOAT16 + body, f"tinyamp_master_{name}_from_float16"
+            params16, outputs, _FROM_FLOAT16 + body, f"tinyamp_master_{name}_from_float16", preamble=PREAMBLE
         )
     return kernels
 
