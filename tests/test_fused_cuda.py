@@ -68,23 +68,27 @@ def test_fused_master_updates_give_the_cpu_bits(name: str) -> None:
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, atol=1e-3)
 
 
+def updated(name: str, w0: np.ndarray, grads: list[np.ndarray], device: str) -> list[np.ndarray]:
+    """Steps of optimizer `name` on master `w0` with rounded copies, on `device`: the master,
+    the float16 copy and every moment array, on the host."""
+    master = ta.tensor(w0, device=device, requires_grad=True)
+    opt = OPTIMIZERS[name]([("w", master)])
+    copy = ta.tensor(w0.astype(np.float16), device=device).data
+    for g in grads:
+        master.grad = ta.tensor(g, device=device).data
+        opt.step(rounded_copies=[copy])
+    moments = [v for v in opt.state[0].values() if hasattr(v, "shape")]
+    return [to_device(a, "cpu") for a in (master.data, copy, *moments)]
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_one_fused_update_is_bit_identical_to_numpy(name: str) -> None:
     rng = np.random.default_rng(1)
     w0 = rng.standard_normal((64, 33)).astype(np.float32)
     grads = [rng.standard_normal((64, 33)).astype(np.float32) * 1e-2 for _ in range(3)]
-    results = {}
-    for device in ("cpu", "cuda"):
-        master = ta.tensor(w0, device=device, requires_grad=True)
-        opt = OPTIMIZERS[name]([("w", master)])
-        copy = ta.tensor(w0.astype(np.float16), device=device).data
-        for g in grads:
-            master.grad = ta.tensor(g, device=device).data
-            opt.step(rounded_copies=[copy])
-        results[device] = (to_device(master.data, "cpu"), to_device(copy, "cpu"))
-    assert results["cpu"][0].tobytes() == results["cuda"][0].tobytes()
-    assert results["cpu"][1].tobytes() == results["cuda"][1].tobytes()
+    for a, b in zip(updated(name, w0, grads, "cpu"), updated(name, w0, grads, "cuda")):
+        assert a.tobytes() == b.tobytes()
 
 
 @needs_cuda
@@ -96,17 +100,7 @@ def test_fused_updates_keep_float32_subnormals_as_numpy_does(name: str) -> None:
     w0 = rng.standard_normal(4096).astype(np.float32) * np.float32(1e-36)
     grads = [rng.standard_normal(4096).astype(np.float32) * np.float32(1e-20) for _ in range(2)]
     assert np.any(np.abs(grads[0] * grads[0]) < np.finfo(np.float32).tiny)  # the case under test
-    results = {}
-    for device in ("cpu", "cuda"):
-        master = ta.tensor(w0, device=device, requires_grad=True)
-        opt = OPTIMIZERS[name]([("w", master)])
-        copy = ta.tensor(w0.astype(np.float16), device=device).data
-        for g in grads:
-            master.grad = ta.tensor(g, device=device).data
-            opt.step(rounded_copies=[copy])
-        moments = [v for v in opt.state[0].values() if hasattr(v, "shape")]
-        results[device] = [to_device(a, "cpu") for a in (master.data, copy, *moments)]
-    for a, b in zip(results["cpu"], results["cuda"]):
+    for a, b in zip(updated(name, w0, grads, "cpu"), updated(name, w0, grads, "cuda")):
         assert a.tobytes() == b.tobytes()
 
 
