@@ -905,7 +905,7 @@ def test_clip_grad_norm_clips_the_unscaled_gradients(device: str) -> None:
     clipped = scaler.clip_grad_norm_(opt, 1.0)
     if device == "cpu":
         assert clipped == norm
-    else:  # cuBLAS sums each dot product in another order: float64 rounding, ~1e-16 relative
+    else:  # the GPU reduction kernel sums each gradient in another order: float64 rounding, ~1e-16 relative
         assert abs(clipped - norm) <= 1e-12 * norm
         norm = clipped
     coefficient = np.float32(1.0 / (norm + 1e-6))
