@@ -164,6 +164,26 @@ def test_changing_lr_between_steps_takes_effect() -> None:
 
 
 # ---- what step() does with odd gradients ---------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda p, lr: optim.SGD(p, lr=lr, momentum=0.9), lambda p, lr: optim.AdamW(p, lr=lr)])
+def test_a_numpy_scalar_learning_rate_updates_in_the_parameters_dtype(make: Callable) -> None:
+    """np.float64(0.05) from a schedule is a strong type under NumPy 2: kept as is, it would
+    compute float32 updates in float64 and round differently.  The optimizer stores it as
+    a Python float, so both give the same bits."""
+    rng = np.random.default_rng(0)
+    w0, g = rng.standard_normal(4096).astype(np.float32), rng.standard_normal(4096).astype(np.float32)
+    results = []
+    for lr in (0.05, np.float64(0.05)):
+        w = ta.tensor(w0, requires_grad=True)
+        opt = make([w], lr)
+        opt.lr = lr  # the way a schedule sets it between steps
+        for _ in range(3):
+            w.grad = g.copy()
+            opt.step()
+        assert type(opt.lr) is float
+        results.append(w.numpy())
+    assert results[0].tobytes() == results[1].tobytes()
+
+
 def test_a_parameter_without_grad_is_skipped_and_keeps_its_own_step_count() -> None:
     weights, grads = problem(0, steps=3)
     a, b = nn.Parameter(weights[0]), nn.Parameter(weights[1])

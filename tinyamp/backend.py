@@ -8,6 +8,7 @@ its array: a ``numpy.ndarray`` lives on ``"cpu"``, a ``cupy.ndarray`` on ``"cuda
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -90,11 +91,18 @@ def array_module(device: str) -> ModuleType:
     return _import_cupy()
 
 
+def _cupy_if_imported() -> ModuleType | None:
+    """CuPy, if anyone imported it: a user may hand tinyamp a CuPy array before tinyamp
+    itself has needed CuPy, and that array must still be recognized as living on the GPU."""
+    return _cupy if _cupy is not None else sys.modules.get("cupy")
+
+
 def get_array_module(array: Any) -> ModuleType:
     """numpy or cupy, whichever owns `array` (the DeZero idiom: one code path, two libraries)."""
-    if isinstance(array, np.ndarray) or _cupy is None:
+    if isinstance(array, np.ndarray):
         return np
-    return _cupy if isinstance(array, _cupy.ndarray) else np
+    cupy = _cupy_if_imported()
+    return cupy if cupy is not None and isinstance(array, cupy.ndarray) else np
 
 
 def device_of(array: Any) -> str:
@@ -104,7 +112,10 @@ def device_of(array: Any) -> str:
 
 def is_array(obj: Any) -> bool:
     """True for a NumPy or CuPy ndarray."""
-    return isinstance(obj, np.ndarray) or (_cupy is not None and isinstance(obj, _cupy.ndarray))
+    if isinstance(obj, np.ndarray):
+        return True
+    cupy = _cupy_if_imported()
+    return cupy is not None and isinstance(obj, cupy.ndarray)
 
 
 def to_device(array: Any, device: str) -> Any:

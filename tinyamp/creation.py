@@ -37,6 +37,7 @@ def ones(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_gra
 def randn(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples, drawn on the CPU generator (same values on every device)."""
     dt = dtypes.resolve(dtype)
+    dtypes.check_supported(dt, backend.check_device(device))
     data = random.generator("cpu").standard_normal(shape).astype(dt)
     return _leaf(backend.to_device(data, device), requires_grad)
 
@@ -44,6 +45,7 @@ def randn(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_gr
 def rand(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1), drawn on the CPU generator."""
     dt = dtypes.resolve(dtype)
+    dtypes.check_supported(dt, backend.check_device(device))
     data = random.generator("cpu").random(shape).astype(dt)
     return _leaf(backend.to_device(data, device), requires_grad)
 

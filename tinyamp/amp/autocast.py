@@ -126,6 +126,7 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
         if hit is not None and hit[0] is t:
             out, cached = hit[1], True
         else:
+            dtypes.check_supported(target, t.device)  # bfloat16 is CPU-only: say so, do not cast
             out, cached = _cast_ops.Cast.apply(t, dtype=target), False
             out.name = AUTOCAST_COPY  # so reports can tell this copy from a user's tensor
             if cacheable:

@@ -8,6 +8,7 @@ and the same batches in the same order (a generator seeded with ``seed``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,7 @@ class DigitsMLP:
         """Cosine decay from ``lr`` at step 0 to 0 at the end (or constant)."""
         if self.schedule == "constant":
             return self.lr
-        return 0.5 * self.lr * (1.0 + np.cos(np.pi * step / steps))
+        return 0.5 * self.lr * (1.0 + math.cos(math.pi * step / steps))  # a Python float
 
     def batches(self, start: int = 0) -> Iterator[Batch]:
         """Random minibatches of the training split, the same sequence for every regime.
@@ -139,7 +140,7 @@ class CharTransformer:
         """Cosine decay from ``lr`` to 0 over the run (or constant)."""
         if self.schedule == "constant":
             return self.lr
-        return 0.5 * self.lr * (1.0 + np.cos(np.pi * step / steps))
+        return 0.5 * self.lr * (1.0 + math.cos(math.pi * step / steps))  # a Python float
 
     def batches(self, start: int = 0, split: str = "train", seed: int | None = None) -> Iterator[Batch]:
         """Random windows of ``split``; ``start`` skips the first batches (for a resumed run)."""

@@ -40,6 +40,7 @@ class Embedding(Function):
         else:
             import cupyx
 
+            # atomic adds: the order of the float32 sums, and so their last bits, varies run to run
             cupyx.scatter_add(grad, indices.reshape(-1), rows)
         return astype(grad, dtype), None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tinyamp.autograd import Function
-from tinyamp.backend import get_array_module
+from tinyamp.backend import get_array_module, to_device
 from tinyamp.ops.broadcasting import accumulation_dtype
 from tinyamp.ops.casting import autocast_inputs
 from tinyamp.ops.half_casts import astype
@@ -69,7 +69,9 @@ def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean")
         )
     classes = logits.shape[-1]
     if labels.size:
-        low, high = int(labels.data.min()), int(labels.data.max())
+        xp = get_array_module(labels.data)
+        # both bounds in one device-to-host read (two reads would be two GPU syncs per call)
+        low, high = (int(v) for v in to_device(xp.stack([labels.data.min(), labels.data.max()]), "cpu"))
         if low < 0 or high >= classes:
             raise ValueError(f"cross_entropy labels must lie in [0, {classes}); got values from {low} to {high}")
     (logits,) = autocast_inputs("cross_entropy", logits)

@@ -69,6 +69,7 @@ class GetItem(Function):
         else:
             import cupyx
 
+            # atomic adds: the order of the float32 sums, and so their last bits, varies run to run
             cupyx.scatter_add(grad, index, g.astype(wide, copy=False))
         return (astype(grad, dtype),)
 

@@ -132,8 +132,10 @@ class GELU(Function):
     $c = \\sqrt{2/\\pi}$, $a = 0.044715$; it differs from the erf form by < 1e-3.
     $dy/dx = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2$ with $t = \\tanh(c(x + a x^3))$.
 
-    For float16/bfloat16 on NumPy the formula runs in float32 and the result is rounded
-    once (NumPy's float16 arithmetic is a scalar loop, ~17x slower), and only x is kept:
+    For float16/bfloat16 the formula runs in float32 and the result is rounded once, on
+    both backends: in float16, x^3 overflows for |x| > 40 (the gradient's 3 a x^2 for
+    |x| > 699, giving inf * 0 = NaN) and 1 + t cancels to 0 for x < -4; on NumPy float16
+    arithmetic is also a scalar loop, ~17x slower.  Only x is kept:
     t is recomputed in backward, so the graph holds 2 bytes per element, not 4.
     """
 
@@ -152,8 +154,8 @@ class GELU(Function):
 
 
 def _wide16(x: Any) -> Any:
-    """16-bit floats on NumPy widened to float32 (exact); anything else unchanged."""
-    return astype(x, np.float32) if bits16.is_16bit_float(x) else x
+    """16-bit floats (NumPy or CuPy) widened to float32 (exact); anything else unchanged."""
+    return astype(x, np.float32) if x.dtype.itemsize == 2 and x.dtype.kind in "fV" else x
 
 
 def neg(x: Tensor) -> Tensor:

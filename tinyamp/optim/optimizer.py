@@ -69,6 +69,17 @@ class Optimizer:
 
     hyperparameters: tuple[str, ...] = ("lr",)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A NumPy scalar hyperparameter (np.float64(0.05), say, from a schedule computed with
+        # np.cos) is a *strong* type under NumPy 2: `w -= lr * g` would then compute in
+        # float64 instead of the parameters' float32.  Python numbers are weak and adapt.
+        if name in type(self).hyperparameters:
+            if isinstance(value, np.generic):
+                value = value.item()
+            elif isinstance(value, tuple):
+                value = tuple(v.item() if isinstance(v, np.generic) else v for v in value)
+        super().__setattr__(name, value)
+
     def __init__(self, params: Params) -> None:
         self.params, self.names = _collect(params)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
