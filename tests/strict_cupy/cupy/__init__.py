@@ -6,7 +6,7 @@ It is a test double, not an emulator of CUDA: arrays are NumPy arrays inside, ke
 not run (tinyamp's GPU-only fast paths are switched to their generic code by
 ``strict_cupy_plugin``), and what it checks is where the data is, not the numbers.
 
-Rules emulated (CuPy 14):
+Rules it enforces, as CuPy 14 does:
 * a cupy.ndarray is NOT a numpy.ndarray; np.asarray(x)/np.array(x)/implicit conversion raise TypeError;
 * ufuncs (np.add(x, y), x + y) dispatch here via __array_ufunc__; raw numpy.ndarray operands are
   rejected with TypeError (CuPy: "Unsupported type <class 'numpy.ndarray'>"); numpy/Python scalars ok;
@@ -26,7 +26,7 @@ import types
 
 import numpy as _np
 
-__version__ = "14.2.0-emulated"
+__version__ = "14.2.0-stand-in"
 VIOLATIONS: list[str] = []
 
 
@@ -42,7 +42,7 @@ def is_available() -> bool:
 
 def _check_dtype(dt) -> None:
     if dt is not None and _np.dtype(dt).kind == "V":
-        _violation(f"emulated CuPy: no kernel supports dtype {_np.dtype(dt)}")
+        _violation(f"strict CuPy stand-in: no kernel supports dtype {_np.dtype(dt)}")
 
 
 def _unwrap(x, where: str, allow_host: bool = False):
@@ -50,7 +50,8 @@ def _unwrap(x, where: str, allow_host: bool = False):
         return x._a
     if isinstance(x, _np.ndarray) and not allow_host:
         _violation(
-            f"emulated CuPy: {where} got a host numpy.ndarray (shape {x.shape}, {x.dtype}) mixed with device arrays"
+            f"strict CuPy stand-in: {where} got a host numpy.ndarray (shape {x.shape}, {x.dtype}) "
+            "mixed with device arrays"
         )
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v, where, allow_host) for v in x)
@@ -119,7 +120,7 @@ class ndarray:
 
     # ---- conversion
     def __array__(self, *a, **k):
-        _violation("emulated CuPy: Implicit conversion to a NumPy array is not allowed. Please use `.get()`")
+        _violation("strict CuPy stand-in: Implicit conversion to a NumPy array is not allowed. Please use `.get()`")
 
     def get(self, stream=None, order="C", out=None):
         return self._a.copy()
@@ -150,7 +151,7 @@ class ndarray:
             yield self[i]
 
     def __repr__(self):
-        return "emu" + repr(self._a)
+        return "stand-in " + repr(self._a)
 
     def __str__(self):
         return str(self._a)
@@ -165,7 +166,7 @@ class ndarray:
         return self.copy()
 
     def __reduce__(self):
-        _violation("emulated CuPy: pickling a device array (copies through the host)")
+        _violation("strict CuPy stand-in: pickling a device array (copies through the host)")
 
     # ---- attributes
     shape = property(lambda s: s._a.shape)
@@ -205,7 +206,7 @@ class ndarray:
         if len(axes) == 1:
             axes = axes[0]
         if isinstance(axes, ndarray):
-            _violation("emulated CuPy: transpose axes given as a device array")
+            _violation("strict CuPy stand-in: transpose axes given as a device array")
         return ndarray._from(
             self._a.transpose(None if (isinstance(axes, tuple) and axes == ()) else axes), self._root()
         )
@@ -224,7 +225,7 @@ class ndarray:
             full = idx is Ellipsis or (isinstance(idx, slice) and idx == slice(None))
             if full:
                 _violation(
-                    "emulated CuPy: x[...] = numpy_array: 'non-scalar numpy.ndarray cannot be used for fill'",
+                    "strict CuPy stand-in: x[...] = numpy_array: 'non-scalar numpy.ndarray cannot be used for fill'",
                     ValueError,
                 )
             VIOLATIONS.append(f"(warning) host numpy array assigned into a device array at index {idx!r}")
@@ -247,7 +248,7 @@ class ndarray:
 
     def fill(self, v):
         if isinstance(v, _np.ndarray) and v.ndim:
-            _violation("emulated CuPy: fill with a host array", ValueError)
+            _violation("strict CuPy stand-in: fill with a host array", ValueError)
         self._a.fill(v)
 
     def _reduce(self, name, *a, **k):
@@ -292,11 +293,11 @@ class ndarray:
                 args.append(x._a)
             elif isinstance(x, _np.ndarray):
                 _violation(
-                    f"emulated CuPy: ufunc {ufunc.__name__} got a host numpy.ndarray operand "
+                    f"strict CuPy stand-in: ufunc {ufunc.__name__} got a host numpy.ndarray operand "
                     f"(shape {x.shape}, {x.dtype}): 'Unsupported type <class numpy.ndarray>'"
                 )
             elif isinstance(x, (list, tuple)):
-                _violation(f"emulated CuPy: ufunc {ufunc.__name__} got a Python {type(x).__name__} operand")
+                _violation(f"strict CuPy stand-in: ufunc {ufunc.__name__} got a Python {type(x).__name__} operand")
             else:
                 args.append(x)
         out = kwargs.get("out")
@@ -304,11 +305,11 @@ class ndarray:
             outs = out if isinstance(out, tuple) else (out,)
             for o in outs:
                 if not isinstance(o, ndarray):
-                    _violation(f"emulated CuPy: ufunc {ufunc.__name__} out= is not a device array")
+                    _violation(f"strict CuPy stand-in: ufunc {ufunc.__name__} out= is not a device array")
             kwargs["out"] = tuple(o._a for o in outs)
         if method != "__call__":
             if method == "at":
-                _violation("emulated CuPy: ufunc.at on device arrays (use cupyx.scatter_add)")
+                _violation("strict CuPy stand-in: ufunc.at on device arrays (use cupyx.scatter_add)")
             r = getattr(ufunc, method)(*args, **kwargs)
         else:
             r = ufunc(*args, **kwargs)
@@ -319,7 +320,7 @@ class ndarray:
     def __array_function__(self, func, types_, args, kwargs):
         impl = getattr(sys.modules[__name__], func.__name__, None)
         if impl is None or impl is func or not callable(impl):
-            _violation(f"emulated CuPy: numpy.{func.__name__} has no CuPy implementation for device arrays")
+            _violation(f"strict CuPy stand-in: numpy.{func.__name__} has no CuPy implementation for device arrays")
         return impl(*args, **kwargs)
 
 
@@ -328,7 +329,7 @@ def _binop(name, reflected=False, inplace=False):
 
     def f(self, other):
         if isinstance(other, _np.ndarray) and not isinstance(other, ndarray):
-            _violation(f"emulated CuPy: '{name}' between a device array and a host numpy.ndarray {other.shape}")
+            _violation(f"strict CuPy stand-in: '{name}' between a device array and a host numpy.ndarray {other.shape}")
         if inplace:
             return uf(self, other, out=self)
         return uf(other, self) if reflected else uf(self, other)
@@ -377,7 +378,7 @@ def matmul(a, b, out=None):
         or isinstance(b, _np.ndarray)
         and not isinstance(b, ndarray)
     ):
-        _violation("emulated CuPy: matmul with a host array")
+        _violation("strict CuPy stand-in: matmul with a host array")
     return _wrap(_np.matmul(_unwrap(a, "matmul"), _unwrap(b, "matmul")))
 
 
@@ -565,7 +566,7 @@ class ElementwiseKernel:
             key, start, u = args
             u._a[...] = _uniform_numpy(int(key), int(start), u.size)
             return u
-        _violation(f"emulated CuPy: ElementwiseKernel {self.name} cannot run in the emulator", NotImplementedError)
+        _violation(f"strict CuPy stand-in: ElementwiseKernel {self.name} cannot run here", NotImplementedError)
 
 
 class ReductionKernel(ElementwiseKernel):
@@ -653,9 +654,9 @@ cuda = types.SimpleNamespace(
 
 def scatter_add_impl(a, idx, v):
     if not isinstance(a, ndarray):
-        _violation("emulated cupyx.scatter_add: target is not a device array")
+        _violation("strict CuPy stand-in, cupyx.scatter_add: target is not a device array")
     if isinstance(v, _np.ndarray) and not isinstance(v, ndarray):
-        _violation("emulated cupyx.scatter_add: value is a host array")
+        _violation("strict CuPy stand-in, cupyx.scatter_add: value is a host array")
     vv = v._a if isinstance(v, ndarray) else v
     if _np.dtype(getattr(vv, "dtype", _np.float64)).type not in (
         _np.int32,
@@ -665,7 +666,7 @@ def scatter_add_impl(a, idx, v):
         _np.uint32,
         _np.uint64,
     ):
-        _violation(f"emulated cupyx.scatter_add: unsupported dtype {getattr(vv, 'dtype', None)}")
+        _violation(f"strict CuPy stand-in, cupyx.scatter_add: unsupported dtype {getattr(vv, 'dtype', None)}")
     _np.add.at(a._a, _index(idx), vv)
 
 
