@@ -126,3 +126,20 @@ def to_device(array: Any, device: str) -> Any:
     if device == "cpu":
         return array.get()
     return _import_cupy().asarray(array)
+
+
+def host_floats(values: list[Any]) -> list[float]:
+    """0-d arrays (on any devices) or numbers as Python floats, one device-to-host copy per device.
+
+    Each copy makes the host wait for the GPU, so a training step gathers what it must
+    read (overflow flags, gradient norms, counts) and reads it once."""
+    by_module: dict[int, list[int]] = {}
+    for i, v in enumerate(values):
+        by_module.setdefault(id(get_array_module(v)), []).append(i)
+    host = [0.0] * len(values)
+    for indices in by_module.values():
+        xp = get_array_module(values[indices[0]])
+        stacked = xp.stack([xp.asarray(values[i], dtype=np.float64) for i in indices])
+        for i, v in zip(indices, to_device(stacked, "cpu").tolist()):
+            host[i] = v
+    return host

@@ -287,7 +287,7 @@ class MasterWeights:
             for k, c in enumerate(_count_updates(before[i], master.data, model.data, new16)):
                 counts[k] += c
             model.data[...] = new16
-        changed, lost, unchanged = _host_ints(counts)  # one device-to-host read per step on CuPy
+        changed, lost, unchanged = (int(v) for v in backend.host_floats(counts))  # one read per device
         self.history.append(UpdateRecord(self.optimizer.step_count, changed, lost, unchanged))
 
     def zero_grad(self) -> None:
@@ -491,12 +491,3 @@ def _count_updates(old: Any, new: Any, w16: Any, new16: Any) -> tuple[Any, Any, 
     unchanged = _equal16(new16, w16)
     unchanged &= changed
     return xp.count_nonzero(changed), xp.count_nonzero(lost), xp.count_nonzero(unchanged)
-
-
-def _host_ints(values: list[Any]) -> list[int]:
-    """Python ints of `values` (device or NumPy scalars), read from the device in one transfer."""
-    arrays = [v for v in values if not isinstance(v, int)]
-    if not arrays:
-        return [int(v) for v in values]
-    xp = backend.get_array_module(arrays[0])
-    return [int(v) for v in backend.to_device(xp.stack([xp.asarray(v) for v in values]), "cpu")]

@@ -458,7 +458,7 @@ class LossScaler:
         found = (~xp.isfinite(xp.stack(sums))).any().astype(np.int32)  # decided on the device
         before = optimizer.bookkeeping()
         optimizer.step_from_model_grads(inverse, skip_if=found)
-        host = _host_floats(sums)  # the one read of the step
+        host = backend.host_floats(sums)  # the one read of the step
         self._unscale_flags = {name: not math.isfinite(v) for (name, _), v in zip(present, host)}
         self._grad_norm = math.sqrt(math.fsum(host))
         self._phase = "unscaled"
@@ -470,7 +470,7 @@ class LossScaler:
         self, optimizer: Any, present: list[tuple[str, Any]], squares: list[Any], device_flags: list[Any]
     ) -> dict[str, bool]:
         """unscale_'s host work: the one read of flags and sums, then the per-parameter report."""
-        host = _host_floats(squares + device_flags)  # one device-to-host copy per device
+        host = backend.host_floats(squares + device_flags)  # one device-to-host copy per device
         sums, raised = host[: len(squares)], iter(host[len(squares) :])
         # On the CPU, one pass gives both the norm and the finiteness check: an inf or NaN makes
         # the sum of squares inf or NaN.  A non-finite sum can also come from float64 squares
@@ -885,19 +885,5 @@ def _sum_of_squares(g: Any) -> Any:
 
 def _to_host(flags: list[Any], squares: list[Any]) -> tuple[list[bool], float]:
     """Bring per-parameter finiteness flags and sums of squares to the host: one copy per device."""
-    host = _host_floats(flags + squares)
+    host = backend.host_floats(flags + squares)
     return [v == 1.0 for v in host[: len(flags)]], math.fsum(host[len(flags) :])
-
-
-def _host_floats(values: list[Any]) -> list[float]:
-    """0-d arrays (on any devices) as Python floats, with one device-to-host copy per device."""
-    by_module: dict[int, list[int]] = {}
-    for i, v in enumerate(values):
-        by_module.setdefault(id(get_array_module(v)), []).append(i)
-    host = [0.0] * len(values)
-    for indices in by_module.values():
-        xp = get_array_module(values[indices[0]])
-        stacked = xp.stack([values[i].astype(np.float64) for i in indices])
-        for i, v in zip(indices, backend.to_device(stacked, "cpu").tolist()):
-            host[i] = v
-    return host

@@ -12,7 +12,7 @@ from typing import Any
 
 from tinyamp import backend, dtypes
 from tinyamp.autograd import Function
-from tinyamp.ops.half_casts import fast_cast_applies, round_to_float16, widen_float16
+from tinyamp.ops.half_casts import astype, fast_cast_applies, round_to_float16, widen_float16
 from tinyamp.tensor import Tensor
 
 
@@ -34,11 +34,7 @@ def convert(x: Any, dtype: Any, out: Any = None) -> Any:
         else:
             out[...] = x
         return out
-    if x.dtype == dtype:
-        return x
-    if fast_cast_applies(x, dtype):
-        return widen_float16(x) if x.dtype.itemsize == 2 else round_to_float16(x)
-    return x.astype(dtype)
+    return astype(x, dtype)
 
 
 # The autocast block in force (a tinyamp.amp.autocast), or None.  It lives here, with

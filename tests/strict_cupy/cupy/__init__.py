@@ -257,27 +257,6 @@ class ndarray:
             k["out"] = _unwrap(k["out"], name)
         return _wrap(getattr(self._a, name)(*a, **k))
 
-    def sum(self, *a, **k):
-        return self._reduce("sum", *a, **k)
-
-    def mean(self, *a, **k):
-        return self._reduce("mean", *a, **k)
-
-    def max(self, *a, **k):
-        return self._reduce("max", *a, **k)
-
-    def min(self, *a, **k):
-        return self._reduce("min", *a, **k)
-
-    def all(self, *a, **k):
-        return self._reduce("all", *a, **k)
-
-    def any(self, *a, **k):
-        return self._reduce("any", *a, **k)
-
-    def argmax(self, *a, **k):
-        return self._reduce("argmax", *a, **k)
-
     def dot(self, other):
         return sys.modules[__name__].dot(self, other)
 
@@ -364,6 +343,14 @@ for _name, _dunder in [
     ("not_equal", "ne"),
 ]:
     setattr(ndarray, f"__{_dunder}__", _binop(_name))
+
+
+def _reduction(name):
+    return lambda self, *a, **k: self._reduce(name, *a, **k)
+
+
+for _name in ("sum", "mean", "max", "min", "all", "any", "argmax"):
+    setattr(ndarray, _name, _reduction(_name))
 ndarray.__neg__ = lambda s: _np.negative(s)
 ndarray.__pos__ = lambda s: s
 ndarray.__abs__ = lambda s: _np.absolute(s)
