@@ -930,6 +930,26 @@ def test_clip_grad_norm_leaves_small_and_nonfinite_gradients_alone() -> None:
     assert scaler.step(opt).skipped and opt.steps == 0
 
 
+@pytest.mark.parametrize("size", [1 << 16, (1 << 16) + 1, 3 * 1024 * 97 + 5])
+def test_sum_of_squares_of_a_large_float32_gradient(size: int) -> None:
+    """Large float32 gradients are summed in float32 rows of 1024, the rows in float64: close to
+    the exact sum, and never inf for a finite gradient whose float32 squares overflow."""
+    from tinyamp.amp.scaler import _sum_of_squares
+
+    rng = np.random.default_rng(size)
+    g = (rng.standard_normal(size) * np.exp(rng.uniform(-8, 8, size))).astype(np.float32)
+    exact = math.fsum((g.astype(np.float64) ** 2).tolist())
+    assert abs(float(_sum_of_squares(g)) - exact) <= 1e-6 * exact
+    g[size // 2] = 3e19  # finite, but its square (9e38) is not a float32
+    exact = math.fsum((g.astype(np.float64) ** 2).tolist())
+    assert math.isfinite(float(_sum_of_squares(g)))
+    assert abs(float(_sum_of_squares(g)) - exact) <= 1e-12 * exact  # recomputed in float64
+    g[size - 1] = -np.inf
+    assert float(_sum_of_squares(g)) == math.inf
+    g[0] = np.nan
+    assert math.isnan(float(_sum_of_squares(g)))
+
+
 # ---- the optimizer protocol: gather_grads (FP32 master weights) ---------------------------------------------
 class GatheringOptimizer(FakeOptimizer):
     """Like MasterWeights: step() reads float32 masters whose gradients gather_grads() copies from float16."""
