@@ -24,7 +24,9 @@ import memory_depth  # noqa: E402
 import mlp_step  # noqa: E402
 import mp_step  # noqa: E402
 import op_overhead  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
+from timing import cast_kernel_choices, interleaved_medians, with_cast_kernels  # noqa: E402
+
+from tinyamp.ops import half_casts  # noqa: E402
 
 
 def row(benchmark: str, contender: str, unit: str, value: float, ratio: float) -> dict:
@@ -75,22 +77,29 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+CASTS = {"numba": "casts compiled (numba)", "numpy": "casts as NumPy passes"}
+
+
 def bench_mixed_precision_step() -> list[dict]:
-    """The full mixed-precision step against the FP32 step, its phases, and saved bytes."""
+    """The full mixed-precision step against the FP32 step, with each implementation of the
+    casts (measured side by side), its phases, and saved bytes."""
     x, y = mlp_step.make_data()
-    name = "MLP step, mixed precision (FP16 + FP32 master + loss scaling) vs FP32"
-    t = interleaved_medians(
-        {"mixed precision": mp_step.mixed_precision_step(x, y), "fp32": mlp_step.tinyamp_step(x, y)}, rounds=9
-    )
-    rows = [
-        row(name, "tinyamp mixed precision", "ms", 1e3 * t["mixed precision"], 1.0),
-        row(name, "tinyamp fp32", "ms", 1e3 * t["fp32"], t["mixed precision"] / t["fp32"]),
-    ]
-    for phase, ms in mp_step.time_breakdown(x, y).items():
-        rows.append(row("  where the mixed-precision step's time goes", phase, "ms", ms, float("nan")))
-    casts_ms, step_ms = mp_step.cast_time(x, y)
-    rows.append(row("  of which FP16 <-> FP32 conversions (share of the step)", "widen + round", "ms", casts_ms,
-                    casts_ms / step_ms))  # fmt: skip
+    kernels = cast_kernel_choices()
+    contenders = {k: with_cast_kernels(k, mp_step.mixed_precision_step(x, y)) for k in kernels}
+    t = interleaved_medians({**contenders, "fp32": mlp_step.tinyamp_step(x, y)}, rounds=9)
+    rows = []
+    for k in kernels:
+        name = f"MLP step, mixed precision (FP16 + FP32 master + loss scaling) vs FP32, {CASTS[k]}"
+        rows.append(row(name, "tinyamp mixed precision", "ms", 1e3 * t[k], 1.0))
+        rows.append(row(name, "tinyamp fp32", "ms", 1e3 * t["fp32"], t[k] / t["fp32"]))
+    for k in kernels:
+        with half_casts.kernels(k):
+            phases = mp_step.time_breakdown(x, y)
+            casts_ms, step_ms = mp_step.cast_time(x, y)
+        for phase, ms in phases.items():
+            rows.append(row(f"  where the mixed-precision step's time goes, {CASTS[k]}", phase, "ms", ms, float("nan")))
+        rows.append(row(f"  of which FP16 <-> FP32 conversions (share of the step), {CASTS[k]}", "widen + round", "ms",
+                        casts_ms, casts_ms / step_ms))  # fmt: skip
     fp32_bytes, mixed_bytes = mp_step.saved_bytes(x)
     rows.append(row("saved activation bytes (graph of the MLP output)", "fp32", "MB", fp32_bytes / 1e6, float("nan")))
     rows.append(
@@ -123,17 +132,20 @@ def bench_memory_by_depth(depth: int = 36) -> list[dict]:
 
 
 def bench_fp16_matmul() -> list[dict]:
-    """Emulated FP16 matmul against NumPy's float16 loop (timed once: seconds) and sgemm."""
+    """Emulated FP16 matmul (with each implementation of the casts) against NumPy's float16 loop
+    (timed once: seconds) and sgemm."""
     a, b = matmul_fp16.operands()
-    name = f"FP16 matmul {matmul_fp16.N}^3 (NumPy)"
-    ours = matmul_fp16.tinyamp_float16(a, b)
-    t = interleaved_medians({"tinyamp": ours, "float32 sgemm": matmul_fp16.float32_sgemm(a, b)}, rounds=7)
+    kernels = cast_kernel_choices()
+    contenders = {k: with_cast_kernels(k, matmul_fp16.tinyamp_float16(a, b)) for k in kernels}
+    t = interleaved_medians({**contenders, "float32 sgemm": matmul_fp16.float32_sgemm(a, b)}, rounds=7)
     slow = matmul_fp16.time_once(matmul_fp16.numpy_float16(a, b))
-    return [
-        row(name, "tinyamp (Tensor Core emulation)", "ms", 1e3 * t["tinyamp"], 1.0),
-        row(name, "numpy float16 matmul", "ms", 1e3 * slow, t["tinyamp"] / slow),
-        row(name, "float32 sgemm", "ms", 1e3 * t["float32 sgemm"], t["tinyamp"] / t["float32 sgemm"]),
-    ]
+    rows = []
+    for k in kernels:
+        name = f"FP16 matmul {matmul_fp16.N}^3 (NumPy), {CASTS[k]}"
+        rows.append(row(name, "tinyamp (Tensor Core emulation)", "ms", 1e3 * t[k], 1.0))
+        rows.append(row(name, "numpy float16 matmul", "ms", 1e3 * slow, t[k] / slow))
+        rows.append(row(name, "float32 sgemm", "ms", 1e3 * t["float32 sgemm"], t[k] / t["float32 sgemm"]))
+    return rows
 
 
 def main() -> None:

@@ -27,3 +27,26 @@ def interleaved_medians(
                 fn()
             samples[name].append((time.perf_counter() - start) / calls_per_round)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def cast_kernel_choices() -> list[str]:
+    """The implementations of the float16 casts this machine can run: "numba" (when installed), "numpy"."""
+    from tinyamp.ops import half_casts
+
+    try:
+        with half_casts.kernels("numba"):
+            pass
+    except ImportError:
+        return ["numpy"]
+    return ["numba", "numpy"]
+
+
+def with_cast_kernels(kernels: str, fn: Callable[[], object]) -> Callable[[], None]:
+    """`fn`, each call run with the float16 <-> float32 casts done by `kernels` ("numba" or "numpy")."""
+    from tinyamp.ops import half_casts
+
+    def run() -> None:
+        with half_casts.kernels(kernels):
+            fn()
+
+    return run

@@ -1,4 +1,8 @@
-"""The branch-free float16 <-> float32 casts return exactly the bits NumPy's astype returns."""
+"""The branch-free float16 <-> float32 casts return exactly the bits NumPy's astype returns.
+
+Every test runs twice: with the NumPy passes and with the compiled loops (numba; skipped
+where numba is not installed).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import pytest
 from hypothesis import given
 from strategies import float16_bit_patterns, float32_bit_patterns
 
+from tinyamp.ops import half_casts
 from tinyamp.ops.casting import convert
 from tinyamp.ops.half_casts import (
     BLOCK,
@@ -24,6 +29,17 @@ from tinyamp.ops.half_casts import (
 )
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+
+@pytest.fixture(scope="module", params=half_casts.KERNELS, autouse=True)
+def cast_kernels(request: pytest.FixtureRequest) -> Any:
+    """Run the module's tests with each implementation of the casts."""
+    try:
+        previous = half_casts.set_kernels(request.param)
+    except ImportError as e:
+        pytest.skip(str(e))
+    yield request.param
+    half_casts.set_kernels(previous)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -58,6 +58,12 @@ def info() -> int:
     print(f"tinyamp     {tinyamp.__version__}")
     print(f"python      {platform.python_version()} ({platform.machine()})")
     print(f"numpy       {np.__version__}   (backend for device='cpu')")
+    from tinyamp.ops import half_casts
+
+    if half_casts.active_kernels() == "numba":
+        print(f"numba       {_version('numba')}   (FP16<->FP32 casts as compiled loops)")
+    else:
+        print(f"numba       not in use: {half_casts.why_not_compiled()} (casts run as NumPy passes, ~10x slower)")
     print(f"ml_dtypes   {_version('ml_dtypes')}   (bfloat16 and float8 on NumPy)")
     print(f"tqdm        {_version('tqdm')}   (progress bars)")
     print(f"matplotlib  {_version('matplotlib')}   (figures: pip install 'tinyamp[plots]')")

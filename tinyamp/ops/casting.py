@@ -25,8 +25,9 @@ def convert(x: Any, dtype: Any, out: Any = None) -> Any:
     depends on the data (1.8 ns per element to float16 and 0.9 back on dense values, 4 ns
     back when half are zeros, 60 ns to float16 for subnormals).  Large contiguous NumPy
     arrays therefore go through the branch-free integer versions in half_casts.py, which
-    return the same bits.  (Splitting casts across two threads gained nothing in a
-    training step: OpenBLAS's threads keep spinning on the cores between matrix products.)
+    return the same bits (as compiled loops when numba is installed, half_casts_numba.py).
+    (Splitting casts across two threads gained nothing in a training step: OpenBLAS's
+    threads keep spinning on the cores between matrix products.)
     """
     if out is not None:
         if out.shape == x.shape and out.flags.c_contiguous and fast_cast_applies(x, out.dtype):
