@@ -4,7 +4,9 @@
     python benchmarks/run.py --out r.json
 
 Times are medians of interleaved rounds (see timing.py); ratios compare contenders
-measured side by side in this one run.
+measured side by side in this one run.  The process keeps 64 MB of freed memory mapped
+(tinyamp.allocator.keep_freed_memory, as the tinyamp command does): otherwise whether a
+step pays thousands of page faults depends on what ran before it in the process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import mp_step  # noqa: E402
 import op_overhead  # noqa: E402
 from timing import cast_kernel_choices, interleaved_medians, with_cast_kernels  # noqa: E402
 
+from tinyamp.allocator import keep_freed_memory  # noqa: E402
 from tinyamp.ops import half_casts  # noqa: E402
 
 
@@ -153,6 +156,7 @@ def main() -> None:
     parser.add_argument("--depth-sweep", action="store_true", help="also sweep depth for peak memory (slow) + figure")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "latest.json")
     args = parser.parse_args()
+    keep_freed_memory()
 
     rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul() + bench_mixed_precision_step()
     rows += bench_memory_by_depth()

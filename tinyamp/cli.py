@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp.allocator import keep_freed_memory
+
 MODELS = ("mlp", "transformer")
 PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
 SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
@@ -434,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return info()
         if args.command == "demo":
+            keep_freed_memory()  # no page faults from glibc trimming its heap between steps (allocator.py)
             return demo(args)
+        keep_freed_memory()
         return train(args)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
