@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cast_speed  # noqa: E402
 import matmul_fp16  # noqa: E402
 import memory_depth  # noqa: E402
 import mlp_step  # noqa: E402
@@ -134,6 +135,20 @@ def bench_memory_by_depth(depth: int = 36) -> list[dict]:
     return rows
 
 
+def bench_cast_speed() -> list[dict]:
+    """Nanoseconds per element of each FP16 <-> FP32 conversion, by kind of values."""
+    rows = []
+    kernels = cast_kernel_choices()
+    for direction, label in (("round", "rounding to FP16"), ("widen", "widening to FP32")):
+        for kind, x in cast_speed.values().items():
+            t = interleaved_medians(cast_speed.contenders(x, direction, kernels), rounds=7)
+            ns = {name: 1e9 * sec / x.size for name, sec in t.items()}
+            best = ns["tinyamp compiled (numba)" if "numba" in kernels else "tinyamp NumPy passes"]
+            for name, value in ns.items():
+                rows.append(row(f"{label}, 1M values, {kind}", name, "ns/element", value, best / value))
+    return rows
+
+
 def bench_fp16_matmul() -> list[dict]:
     """Emulated FP16 matmul (with each implementation of the casts) against NumPy's float16 loop
     (timed once: seconds) and sgemm."""
@@ -158,7 +173,8 @@ def main() -> None:
     args = parser.parse_args()
     keep_freed_memory()
 
-    rows = bench_mlp_step() + bench_op_overhead() + bench_fp16_matmul() + bench_mixed_precision_step()
+    rows = bench_mlp_step() + bench_op_overhead() + bench_cast_speed() + bench_fp16_matmul()
+    rows += bench_mixed_precision_step()
     rows += bench_memory_by_depth()
     print(markdown_table(rows))
     if args.depth_sweep:
