@@ -187,3 +187,12 @@ def test_widen_finds_a_lone_inf_or_nan_in_any_block(special: float) -> None:
         x = h.copy()
         x[position] = special
         assert same_bits(widen_float16(x), x.astype(F32))
+
+
+def test_out_must_be_a_contiguous_array_of_the_right_shape_and_dtype() -> None:
+    """A strided `out` would be written through a copy: refused, not silently left unwritten."""
+    x = np.linspace(-3, 3, 2 * SMALL, dtype=F32)
+    with pytest.raises(ValueError, match="out must be a C-contiguous float16 array of shape"):
+        round_to_float16(x, np.empty(4 * SMALL, F16)[::2])
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
+        widen_float16(x.astype(F16), np.empty(2 * SMALL, np.float64))

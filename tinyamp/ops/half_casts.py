@@ -190,10 +190,24 @@ def half_arithmetic(op: Any, a: Any, b: Any) -> Any:
     return op(a, b)
 
 
+def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    # Both implementations write through a flat view of `out`; of a strided array that
+    # would be a copy, and the result would silently go nowhere.
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous {dtype} array of shape {shape}; got {out.dtype} {out.shape}"
+            f"{'' if out.flags.c_contiguous else ', not contiguous'}"
+        )
+
+
 def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """float16 array -> float32, exactly (bit-identical to ``h.astype(np.float32)``)."""
+    """float16 array -> float32, exactly (bit-identical to ``h.astype(np.float32)``).
+
+    `out`, when given, must be a C-contiguous float32 array of h's shape.
+    """
     if out is None:
         out = np.empty(h.shape, _F32)
+    _check_out(out, h.shape, _F32)
     if active_kernels() == "numba":
         return _compiled.widen_float16(h, out)
     flat = h.reshape(-1)
@@ -217,9 +231,13 @@ def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def round_to_float16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 array -> float16, round to nearest even (bit-identical to ``x.astype(np.float16)``)."""
+    """float32 array -> float16, round to nearest even (bit-identical to ``x.astype(np.float16)``).
+
+    `out`, when given, must be a C-contiguous float16 array of x's shape.
+    """
     if out is None:
         out = np.empty(x.shape, _F16)
+    _check_out(out, x.shape, _F16)
     if active_kernels() == "numba":
         return _compiled.round_to_float16(x, out)
     bits32, bits16 = x.reshape(-1).view(_U32), out.reshape(-1).view(_U16)

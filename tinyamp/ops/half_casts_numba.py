@@ -5,10 +5,10 @@ passes; every pass is its own loop through memory, so rounding costs about 1.1 t
 per element and widening 0.3 to 0.5 ns, the floor for NumPy.  Here the same arithmetic
 is written for one element, the way the module docstring of half_casts.py explains it,
 and numba compiles the loop: the compiler keeps each element in registers through all
-the steps and vectorizes the loop, about 0.1 ns per element either way (measured on 1M
+the steps and vectorizes the loop, about 0.2 ns per element either way (measured on 1M
 values).  In a mixed-precision training step on a CPU these casts are most of the extra
 cost over FP32 (see the README's benchmarks), so this is the difference between about
-2x and about 1.4x the FP32 step.  The results are the same bits (tested against NumPy's
+2x and about 1.2x the FP32 step.  The results are the same bits (tested against NumPy's
 ``astype`` on every float16 pattern and every rounding boundary, as the NumPy passes are).
 
 Each loop also notes whether any element needs NumPy's own cast (a float16 inf or NaN to
