@@ -414,6 +414,18 @@ print(f"fp16(2049) by addition: {by_addition[0]},  fp16(3 * 2^-25): {by_addition
 assert np.array_equal(by_addition, samples.astype(np.float16).astype(np.float32))  # every value, every tie
 assert np.array_equal(round_to_float16(samples), samples.astype(np.float16))  # tinyamp's: the same bits
 
+# Both of tinyamp's implementations of the formula, side by side: the NumPy passes always,
+# the compiled loop when numba is installed (`half_casts.active_kernels()` says which runs).
+from tinyamp.ops import half_casts  # noqa: E402
+
+for implementation in half_casts.KERNELS:
+    try:
+        with half_casts.kernels(implementation):
+            assert np.array_equal(round_to_float16(samples), samples.astype(np.float16))
+        print(f"{implementation:5s}: the same bits as NumPy's astype on {samples.size} values")
+    except ImportError as why:  # numba not installed: the NumPy passes run
+        print(f"{implementation:5s}: not available here ({why})")
+
 # %% [markdown]
 # ## Summary
 #
