@@ -8,6 +8,7 @@ x.grad  # array([[2., 4.]], dtype=float32)
 """
 
 from tinyamp import nn, ops, optim  # noqa: E402,I001  (they build on Tensor and the ops above)
+from tinyamp.allocator import keep_freed_memory
 from tinyamp.autograd import Function, GradientError, enable_grad, is_grad_enabled, no_grad
 from tinyamp.backend import DeviceError, cuda_is_available
 from tinyamp.checkpoint import checkpoint, checkpoint_sequential
@@ -42,6 +43,7 @@ __all__ = [
     "Tensor", "tensor", "Function", "GradientError", "DeviceError",
     "checkpoint", "checkpoint_sequential",
     "no_grad", "enable_grad", "is_grad_enabled", "cuda_is_available", "manual_seed", "gradcheck",
+    "keep_freed_memory",
     "zeros", "ones", "full", "randn", "rand", "arange",
     "float16", "float32", "float64", "int32", "int64", "bool_",
     "ops", "nn", "optim", "matmul", "linear", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu",
