@@ -45,6 +45,8 @@ def test_without_numba_the_numpy_passes_run_and_say_why() -> None:
         "import sys; sys.modules['numba'] = None\n"
         "from tinyamp.ops import half_casts\n"
         "print(half_casts.active_kernels()); print(half_casts.why_not_compiled())\n"
+        "with half_casts.kernels('numpy'):\n    pass\n"
+        "assert 'tinyamp[fast]' in half_casts.why_not_compiled()  # the reason survives a kernels() block\n"
         "try:\n    half_casts.set_kernels('numba')\nexcept ImportError as e:\n    print('refused:', e)\n"
     )
     done = run_python(code)

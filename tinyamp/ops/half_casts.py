@@ -137,7 +137,7 @@ def set_kernels(name: str) -> str:
     previous = active_kernels()
     if name == "numba":
         _load_compiled()
-    else:
+    elif _compiled is not None:  # numba works: the choice is the reason (else keep why it does not)
         _why_numpy = "chosen with set_kernels('numpy')"
     _active = name
     return previous
