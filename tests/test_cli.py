@@ -37,6 +37,13 @@ def test_train_the_transformer(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("mixed")
 
 
+def test_a_run_whose_every_step_was_measured_shows_no_time_rather_than_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    # the first and the last step are measurement steps, which are not timed
+    assert main(["train", "--steps", "2", "--quiet"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("mixed") and row.split()[-1] == "-" and "nan" not in row
+
+
 def test_train_memory_itemizes_the_held_bytes_and_measures_the_peak(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -107,7 +107,7 @@ def format_table(results: Sequence[RegimeResult]) -> str:
                 _percent(r.underflow_fraction),
                 _percent(r.lost_update_fraction),
                 _bytes(r.saved_bytes),
-                f"{r.ms_per_step:.2f}",
+                f"{r.ms_per_step:.2f}" if math.isfinite(r.ms_per_step) else "-",  # every step was measured
             ]
         )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -125,7 +125,7 @@ def footnotes() -> str:
             f"* {UNDERFLOW_NOTE}.",
             f"* {LOST_NOTE}.",
             "* saved: bytes of the arrays the first step's graph keeps for backward (tinyamp.inspect.saved_tensors).",
-            "* ms/step: training steps only (measurement steps excluded). On a CPU, FP16 is emulated through FP32 "
+            "* ms/step: training steps only (measurement steps excluded; - when every step was measured). On a CPU, FP16 is emulated through FP32 "
             "and the casts cost time; the speed-up of FP16 needs Tensor Cores (--device cuda).",
         ]
     )
