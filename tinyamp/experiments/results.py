@@ -125,8 +125,9 @@ def footnotes() -> str:
             f"* {UNDERFLOW_NOTE}.",
             f"* {LOST_NOTE}.",
             "* saved: bytes of the arrays the first step's graph keeps for backward (tinyamp.inspect.saved_tensors).",
-            "* ms/step: training steps only (measurement steps excluded; - when every step was measured). On a CPU, FP16 is emulated through FP32 "
-            "and the casts cost time; the speed-up of FP16 needs Tensor Cores (--device cuda).",
+            "* ms/step: training steps only (measurement steps excluded; - when every step was measured). "
+            "On a CPU, FP16 is emulated through FP32 and the casts cost time; the speed-up of FP16 needs "
+            "Tensor Cores (--device cuda).",
         ]
     )
 

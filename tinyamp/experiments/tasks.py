@@ -36,6 +36,7 @@ class DigitsMLP:
     batch_size: int = 128
     lr: float = 0.05
     momentum: float = 0.9
+    weight_decay: float = 0.0
     schedule: str = "cosine"  # or "constant"
     optimizer: str = "sgd"  # or "adam"
     device: str = "cpu"
@@ -57,8 +58,8 @@ class DigitsMLP:
     def make_optimizer(self, params: Any) -> optim.Optimizer:
         """SGD with momentum (or Adam) over `params`."""
         if self.optimizer == "adam":
-            return optim.Adam(params, lr=self.lr)
-        return optim.SGD(params, lr=self.lr, momentum=self.momentum)
+            return optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def lr_at(self, step: int, steps: int) -> float:
         """Cosine decay from ``lr`` at step 0 to 0 at the end (or constant)."""
