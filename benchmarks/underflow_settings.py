@@ -1,6 +1,6 @@
 """Does FP16 without loss scaling cost the digits MLP anything?  Several common settings, measured.
 
-    python benchmarks/underflow_settings.py            # about 4 minutes on 2 CPU cores
+    python benchmarks/underflow_settings.py            # about 3 minutes on 2 CPU cores
     python benchmarks/underflow_settings.py --quick    # every setting at 2% of its steps (a smoke run)
     python benchmarks/underflow_settings.py --seed 2 --only Adam   # another seed, the Adam settings
 

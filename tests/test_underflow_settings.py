@@ -2,7 +2,7 @@
 
 Here at a few steps per setting: that each setting builds and trains in the three regimes,
 and that the table reports what the README says it does.  The numbers are the script's
-business (about 4 minutes); these checks keep it from rotting.
+business (about 3 minutes); these checks keep it from rotting.
 """
 
 from __future__ import annotations
