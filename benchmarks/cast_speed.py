@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from timing import with_cast_kernels
 
 from tinyamp.ops import half_casts
 
@@ -36,13 +37,6 @@ def contenders(x: np.ndarray, direction: str, kernels: list[str]) -> dict[str, C
     target = np.float16 if direction == "round" else np.float32
     out = np.empty(x.shape, target)
     cast = half_casts.round_to_float16 if direction == "round" else half_casts.widen_float16
-
-    def with_kernels(name: str) -> Callable[[], object]:
-        def run() -> object:
-            with half_casts.kernels(name):
-                return cast(source, out)
-
-        return run
-
     names = {"numba": "tinyamp compiled (numba)", "numpy": "tinyamp NumPy passes"}
-    return {"numpy astype": lambda: source.astype(target), **{names[k]: with_kernels(k) for k in kernels}}
+    ours = {names[k]: with_cast_kernels(k, lambda: cast(source, out)) for k in kernels}
+    return {"numpy astype": lambda: source.astype(target), **ours}

@@ -435,11 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             return info()
-        if args.command == "demo":
-            keep_freed_memory()  # no page faults from glibc trimming its heap between steps (allocator.py)
-            return demo(args)
-        keep_freed_memory()
-        return train(args)
+        keep_freed_memory()  # no page faults from glibc trimming its heap between steps (allocator.py)
+        return demo(args) if args.command == "demo" else train(args)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
         return 0

@@ -38,7 +38,6 @@ from tinyamp.ops.half_casts import (
 
 _U32 = np.uint32
 _TWO_TO_112 = np.float32(2.0**112)
-_KEEP = np.int32(_KEEP_SIGN_AND_MAGNITUDE)
 
 
 def _compile(fn):  # type: ignore[no-untyped-def]
@@ -84,7 +83,7 @@ def widen_bits(bits16: np.ndarray, out: np.ndarray) -> bool:  # pragma: no cover
     for i in range(bits16.size):
         # as int32 (the sign copied into bits 16-31), shifted by 13: the magnitude lands on
         # float32's exponent and mantissa fields; clear bits 28-30, keep the sign in bit 31
-        w = np.int32((np.int32(bits16[i]) << 13) & _KEEP)
+        w = np.int32((np.int32(bits16[i]) << 13) & _KEEP_SIGN_AND_MAGNITUDE)
         out[i] = w.view(np.float32) * _TWO_TO_112  # exact: a power of two
     return largest >= _F16_INF_BITS  # inf or NaN somewhere: NumPy's cast keeps NaN payloads
 
