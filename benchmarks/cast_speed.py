@@ -1,7 +1,7 @@
 """FP16 <-> FP32 conversions of 1M values: NumPy's astype against tinyamp's two implementations.
 
 NumPy's cast branches on every element (zero? subnormal?), so its cost depends on the
-data; tinyamp's casts (tinyamp/ops/half_casts.py as NumPy passes, half_casts_numba.py as
+data; tinyamp's casts (tinyamp/fast/casts.py as NumPy passes, casts_numba.py as
 compiled loops) have no data-dependent branch.  Four kinds of values, the ones a training
 step converts: dense weights, small gradients with some FP16 subnormals, tiny gradients
 that are mostly subnormal, and ReLU outputs (half zeros).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from timing import with_cast_kernels
 
-from tinyamp.ops import half_casts
+from tinyamp.fast import casts
 
 N = 1 << 20
 
@@ -36,7 +36,7 @@ def contenders(x: np.ndarray, direction: str, kernels: list[str]) -> dict[str, C
     source = x if direction == "round" else x.astype(np.float16)
     target = np.float16 if direction == "round" else np.float32
     out = np.empty(x.shape, target)
-    cast = half_casts.round_to_float16 if direction == "round" else half_casts.widen_float16
+    cast = casts.round_to_float16 if direction == "round" else casts.widen_float16
     names = {"numba": "tinyamp compiled (numba)", "numpy": "tinyamp NumPy passes"}
     ours = {names[k]: with_cast_kernels(k, lambda: cast(source, out)) for k in kernels}
     return {"numpy astype": lambda: source.astype(target), **ours}

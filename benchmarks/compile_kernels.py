@@ -4,7 +4,7 @@
     python benchmarks/compile_kernels.py            # prints "compiled: ..." or the compiler log
 
 CuPy compiles an ElementwiseKernel at its first call, on the GPU.  This script wraps each
-kernel body of tinyamp/optim/fused_cuda.py and tinyamp/amp/unscale_cuda.py in a plain
+kernel body of tinyamp/cuda/master_update.py and tinyamp/cuda/unscale.py in a plain
 CUDA loop, with the parameter names and types the ElementwiseKernel declares and CuPy's
 own headers (its float16 class), and compiles the lot to PTX for sm_90 with NVRTC.  It
 catches typos, unknown intrinsics and type errors on a machine with no GPU; it cannot
@@ -20,9 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tinyamp.amp import unscale_cuda  # noqa: E402
-from tinyamp.ops.exact_float32_cuda import PREAMBLE  # noqa: E402
-from tinyamp.optim import fused_cuda  # noqa: E402
+from tinyamp.cuda import (
+    master_update,  # noqa: E402
+    unscale,  # noqa: E402
+)
+from tinyamp.cuda.exact_float32 import PREAMBLE  # noqa: E402
 
 
 def kernel(name: str, params: list[str], body: str) -> str:
@@ -40,37 +42,36 @@ def source() -> str:
     parts = ["#include <cupy/carray.cuh>\n#include <cupy/float16.cuh>\n", PREAMBLE]
     parts.append(kernel(
         "sgd", ["const float* g_", "float lr", "float wd", "const int* skip", "float* w_", "float16* w16_"],
-        "const float g = g_[i]; float &w = w_[i]; float16 &w16 = w16_[i];\n" + fused_cuda._SGD,
+        "const float g = g_[i]; float &w = w_[i]; float16 &w16 = w16_[i];\n" + master_update._SGD,
     ))  # fmt: skip
     parts.append(kernel(
         "sgd_momentum",
         ["const float* g_", "float lr", "float mu", "float wd", "bool nesterov", "bool first", "const int* skip",
          "float* w_", "float* buf_", "float16* w16_"],
         "const float g = g_[i]; float &w = w_[i]; float &buf = buf_[i]; float16 &w16 = w16_[i];\n"
-        + fused_cuda._SGD_MOMENTUM,
+        + master_update._SGD_MOMENTUM,
     ))  # fmt: skip
     parts.append(kernel(
         "adam",
         ["const float* g_", scalars, "float eps", "float step_size", "float wd", "float decay", "bool decoupled",
          "const int* skip", "float* w_", "float* m_", "float* v_", "float16* w16_"],
         "const float g = g_[i]; float &w = w_[i]; float &m = m_[i]; float &v = v_[i]; float16 &w16 = w16_[i];\n"
-        + fused_cuda._ADAM,
+        + master_update._ADAM,
     ))  # fmt: skip
     for t in ("float16", "float"):
-        body = f"{t} &g = g_[i];\n" + unscale_cuda._UNSCALE.replace("(T)", f"({t})")
-        parts.append(kernel(f"unscale_{t}", ["float inverse", "int* flag", f"{t}* g_"], body))
+        body = f"{t} &g = g_[i];\n" + unscale._MULTIPLY.replace("(T)", f"({t})")
+        parts.append(kernel(f"multiply_{t}", ["float factor", f"{t}* g_"], body))
     # the variants that read a float16 gradient and 1/scale (the first line of each body)
     parts.append(kernel(
         "sgd_from_float16",
         ["const float16* g16_", "float inverse", "float lr", "float wd", "const int* skip", "float* w_",
          "float16* w16_"],
         "const float16 g16 = g16_[i]; float &w = w_[i]; float16 &w16 = w16_[i];\n"
-        + fused_cuda._FROM_FLOAT16 + fused_cuda._SGD,
+        + master_update._FROM_FLOAT16 + master_update._SGD,
     ))  # fmt: skip
     parts.append(kernel(
         "scaled_squares", ["const float16* x_", "float inverse", "double* out"],
-        "const float16 x = x_[i];\n"
-        "out[i] = f32_to_f64(f32_mul((float)x, inverse)) * f32_to_f64(f32_mul((float)x, inverse));",
+        "const float16 x = x_[i];\nout[i] = " + unscale._SCALED_SQUARE + ";",
     ))  # fmt: skip
     return "".join(parts)
 

@@ -81,11 +81,12 @@ def cast_time(x: np.ndarray, y: np.ndarray, steps: int = 15) -> tuple[float, flo
     """Median milliseconds per mixed-precision step spent in FP16 <-> FP32 conversions, and per step.
 
     Times every call of the two conversion functions (``widen_float16``, ``round_to_float16``)
-    by wrapping them where tinyamp calls them, for the duration of this measurement only.
+    by wrapping them in tinyamp/fast/casts.py, where ``kernels.cast`` calls them, for the
+    duration of this measurement only.
     """
     import time
 
-    from tinyamp.ops import casting, half_casts
+    from tinyamp.fast import casts
 
     spent = [0.0]
 
@@ -100,7 +101,7 @@ def cast_time(x: np.ndarray, y: np.ndarray, steps: int = 15) -> tuple[float, flo
         return wrapper
 
     names = ("widen_float16", "round_to_float16")
-    originals = {(m, name): getattr(m, name) for m in (casting, half_casts) for name in names}
+    originals = {(casts, name): getattr(casts, name) for name in names}
     step = mixed_precision_step(x, y)
     per_step, in_casts = [], []
     try:

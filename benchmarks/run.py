@@ -29,8 +29,8 @@ import mp_step  # noqa: E402
 import op_overhead  # noqa: E402
 from timing import cast_kernel_choices, interleaved_medians, with_cast_kernels  # noqa: E402
 
-from tinyamp.allocator import keep_freed_memory  # noqa: E402
-from tinyamp.ops import half_casts  # noqa: E402
+from tinyamp.fast import casts  # noqa: E402
+from tinyamp.fast.allocator import keep_freed_memory  # noqa: E402
 
 
 def row(benchmark: str, contender: str, unit: str, value: float, ratio: float) -> dict:
@@ -97,7 +97,7 @@ def bench_mixed_precision_step() -> list[dict]:
         rows.append(row(name, "tinyamp mixed precision", "ms", 1e3 * t[k], 1.0))
         rows.append(row(name, "tinyamp fp32", "ms", 1e3 * t["fp32"], t[k] / t["fp32"]))
     for k in kernels:
-        with half_casts.kernels(k):
+        with casts.kernels(k):
             phases = mp_step.time_breakdown(x, y)
             casts_ms, step_ms = mp_step.cast_time(x, y)
         for phase, ms in phases.items():

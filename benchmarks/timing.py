@@ -31,10 +31,10 @@ def interleaved_medians(
 
 def cast_kernel_choices() -> list[str]:
     """The implementations of the float16 casts this machine can run: "numba" (when installed), "numpy"."""
-    from tinyamp.ops import half_casts
+    from tinyamp.fast import casts
 
     try:
-        with half_casts.kernels("numba"):
+        with casts.kernels("numba"):
             pass
     except ImportError:
         return ["numpy"]
@@ -43,10 +43,10 @@ def cast_kernel_choices() -> list[str]:
 
 def with_cast_kernels(kernels: str, fn: Callable[[], object]) -> Callable[[], None]:
     """`fn`, each call run with the float16 <-> float32 casts done by `kernels` ("numba" or "numpy")."""
-    from tinyamp.ops import half_casts
+    from tinyamp.fast import casts
 
     def run() -> None:
-        with half_casts.kernels(kernels):
+        with casts.kernels(kernels):
             fn()
 
     return run

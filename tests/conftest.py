@@ -17,6 +17,7 @@ from hypothesis import settings
 # `python -m pytest` finds tinyamp through the working directory; plain `pytest` in an
 # environment without `pip install -e .` finds it through this line.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared strategies module, for tests in subfolders
 
 import tinyamp  # noqa: E402
 

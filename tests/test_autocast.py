@@ -16,10 +16,10 @@ from hypothesis import given
 from strategies import float_arrays, linear_shapes
 
 import tinyamp as ta
+from tinyamp import autocast as autocast_module
 from tinyamp import autograd
 from tinyamp.amp import DEFAULT_POLICY, CastRecord, autocast, format_policy, is_autocast_enabled
-from tinyamp.ops import casting
-from tinyamp.ops.casting import Cast
+from tinyamp.casting import Cast
 
 try:
     import ml_dtypes
@@ -49,9 +49,9 @@ def data(shape: tuple[int, ...], dtype: np.dtype = F32, seed: int = 0, low: floa
 @pytest.fixture(autouse=True)
 def no_autocast_leaks():
     """Every test starts and ends outside autocast."""
-    assert casting.active_autocast is None
+    assert autocast_module.current() is None
     yield
-    assert casting.active_autocast is None
+    assert autocast_module.current() is None
 
 
 # ---- which dtype each op runs in ------------------------------------------------------------------
@@ -162,7 +162,7 @@ def test_is_autocast_enabled_only_inside_the_block() -> None:
     assert not is_autocast_enabled()
     with autocast() as ac:
         assert is_autocast_enabled()
-        assert casting.active_autocast is ac
+        assert autocast_module.current() is ac
     assert not is_autocast_enabled()
     with autocast(enabled=False):
         assert not is_autocast_enabled()
@@ -185,11 +185,11 @@ def test_nested_blocks_restore_the_outer_one() -> None:
         with autocast(enabled=False):
             assert not is_autocast_enabled()
             assert ta.linear(x, w).dtype == F32
-        assert casting.active_autocast is outer
+        assert autocast_module.current() is outer
         with autocast() as inner:
-            assert casting.active_autocast is inner
+            assert autocast_module.current() is inner
             assert ta.softmax(x).dtype == F32  # the inner block's default policy
-        assert casting.active_autocast is outer
+        assert autocast_module.current() is outer
         assert ta.linear(x, w).dtype == F16
         assert ta.softmax(x).dtype == F16  # the outer override is back
     assert not is_autocast_enabled()

@@ -25,16 +25,10 @@ from strategies import gradient_values, gradscaler_settings, overflow_flags, sca
 
 import tinyamp as ta
 from tinyamp import nn, optim
+from tinyamp.amp.loss_scale import EVENTS, STATES, ScaleEvent
 from tinyamp.amp.presets import PRESETS, presets_table
-from tinyamp.amp.scaler import (
-    EVENTS,
-    STATES,
-    LossScaler,
-    ScaleEvent,
-    ScalerOrderError,
-    ScalerStateError,
-    StepReport,
-)
+from tinyamp.amp.scaler import LossScaler, ScalerOrderError, StepReport
+from tinyamp.amp.scaler_checks import ScalerStateError
 from tinyamp.backend import to_device
 
 
@@ -934,7 +928,7 @@ def test_clip_grad_norm_leaves_small_and_nonfinite_gradients_alone() -> None:
 def test_sum_of_squares_of_a_large_float32_gradient(size: int) -> None:
     """Large float32 gradients are summed in float32 rows of 1024, the rows in float64: close to
     the exact sum, and never inf for a finite gradient whose float32 squares overflow."""
-    from tinyamp.amp.scaler import _sum_of_squares
+    from tinyamp.kernels import sum_of_squares as _sum_of_squares
 
     rng = np.random.default_rng(size)
     g = (rng.standard_normal(size) * np.exp(rng.uniform(-8, 8, size))).astype(np.float32)

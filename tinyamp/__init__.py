@@ -5,15 +5,23 @@ x = ta.tensor([[1.0, 2.0]], requires_grad=True)
 y = (x * x).sum()
 y.backward()
 x.grad  # array([[2., 4.]], dtype=float32)
+
+The README's "Read the code" section lists the modules to read, in order.  The engine room
+(``tinyamp.fast`` on a CPU, ``tinyamp.cuda`` on a GPU) registers its faster
+implementations of the same bits behind ``tinyamp.kernels`` here, at import; set the
+environment variable ``TINYAMP_ENGINE_ROOM=off`` to run the reference code alone.
 """
 
-from tinyamp import nn, ops, optim  # noqa: E402,I001  (they build on Tensor and the ops above)
-from tinyamp.allocator import keep_freed_memory
-from tinyamp.autograd import Function, GradientError, enable_grad, is_grad_enabled, no_grad
+import os
+
+from tinyamp import cuda, fast, kernels, nn, ops, optim
+from tinyamp.autograd import GradientError, enable_grad, is_grad_enabled, no_grad
 from tinyamp.backend import DeviceError, cuda_is_available
 from tinyamp.checkpoint import checkpoint, checkpoint_sequential
 from tinyamp.creation import arange, full, ones, rand, randn, zeros
 from tinyamp.dtypes import bool_, float16, float32, float64, int32, int64
+from tinyamp.fast.allocator import keep_freed_memory
+from tinyamp.function import Function
 from tinyamp.gradcheck import gradcheck
 from tinyamp.ops import (
     concatenate,
@@ -37,13 +45,20 @@ from tinyamp.ops import (
 from tinyamp.random import manual_seed
 from tinyamp.tensor import Tensor, tensor
 
+ENGINE_ROOM = os.environ.get("TINYAMP_ENGINE_ROOM", "on").strip().lower()
+if ENGINE_ROOM not in ("on", "off"):
+    raise ValueError(f"TINYAMP_ENGINE_ROOM={ENGINE_ROOM!r}: use 'on' (the default) or 'off' (the reference code alone)")
+if ENGINE_ROOM == "on":
+    fast.register()
+    cuda.register()
+
 __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "tensor", "Function", "GradientError", "DeviceError",
     "checkpoint", "checkpoint_sequential",
     "no_grad", "enable_grad", "is_grad_enabled", "cuda_is_available", "manual_seed", "gradcheck",
-    "keep_freed_memory",
+    "keep_freed_memory", "kernels",
     "zeros", "ones", "full", "randn", "rand", "arange",
     "float16", "float32", "float64", "int32", "int64", "bool_",
     "ops", "nn", "optim", "matmul", "linear", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu",

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tinyamp import autograd, random
-from tinyamp.autograd import Function, enable_grad
-from tinyamp.ops import casting
+from tinyamp import autocast, autograd, random
+from tinyamp.autograd import enable_grad
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 
@@ -63,15 +63,12 @@ class Checkpoint(Function):
         for p in params:
             p.grad = None
         current_rng = random.get_state()
-        current_autocast = casting.active_autocast
         try:
             random.set_state(self.context["rng"])
-            casting.active_autocast = self.context["autocast"]
-            with enable_grad():
+            with enable_grad(), self.context["autocast"]:  # the forward's policy, whatever is active now
                 out = self.segment(*inputs)
         finally:
             random.set_state(current_rng)
-            casting.active_autocast = current_autocast
         try:
             out.backward(g)
             grads = [t.grad for t in inputs] + [p.grad for p in params]
@@ -93,8 +90,7 @@ def checkpoint(segment: Callable[..., Tensor], *args: Tensor) -> Tensor:
             raise TypeError(f"checkpoint: argument {i} is a {type(a).__name__}; pass Tensors (close over the rest)")
     if not autograd.is_grad_enabled():
         return segment(*args)
-    active = casting.active_autocast
-    context: dict[str, Any] = {"rng": random.get_state(), "autocast": _replay_of(active)}
+    context: dict[str, Any] = {"rng": random.get_state(), "autocast": _replay_of(autocast.current())}
     inputs = [_leaf_copy(a) for a in args]
     out = segment(*inputs)
     if not isinstance(out, Tensor):
@@ -105,13 +101,12 @@ def checkpoint(segment: Callable[..., Tensor], *args: Tensor) -> Tensor:
     return Checkpoint.apply(*args, *params, segment=segment, n_inputs=len(args), context=context)
 
 
-def _replay_of(active: Any) -> Any:
-    """A fresh autocast block with the same dtype and policy (and no cast log) for the replay."""
+def _replay_of(active: autocast.autocast | None) -> autocast.autocast:
+    """A fresh autocast block with the same dtype and policy (and no cast log) for the replay;
+    a disabled one when the segment ran outside autocast."""
     if active is None:
-        return None
-    from tinyamp.amp.autocast import autocast
-
-    return autocast(active.dtype, policy={op: r for op, r in active.policy.items()})
+        return autocast.autocast(enabled=False)
+    return autocast.autocast(active.dtype, policy=dict(active.policy))
 
 
 def checkpoint_sequential(blocks: Sequence[Callable[[Tensor], Tensor]], every: int, x: Tensor) -> Tensor:

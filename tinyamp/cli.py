@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp.allocator import keep_freed_memory
+from tinyamp.fast.allocator import keep_freed_memory
 
 MODELS = ("mlp", "transformer")
 PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
@@ -60,12 +60,15 @@ def info() -> int:
     print(f"tinyamp     {tinyamp.__version__}")
     print(f"python      {platform.python_version()} ({platform.machine()})")
     print(f"numpy       {np.__version__}   (backend for device='cpu')")
-    from tinyamp.ops import half_casts
+    from tinyamp.fast import casts
 
-    if half_casts.active_kernels() == "numba":
+    if tinyamp.ENGINE_ROOM == "off":
+        print("engine room off (TINYAMP_ENGINE_ROOM=off): the reference kernels of tinyamp/kernels.py run alone")
+    elif casts.active_kernels() == "numba":
         print(f"numba       {_version('numba')}   (FP16<->FP32 casts as compiled loops)")
     else:
-        print(f"numba       not in use: {half_casts.why_not_compiled()} (casts run as NumPy passes, ~10x slower)")
+        why = casts.why_not_compiled()
+        print(f"numba       not in use: {why} (casts run as NumPy passes; benchmarks/cast_speed.py times both)")
     print(f"ml_dtypes   {_version('ml_dtypes')}   (bfloat16 and float8 on NumPy)")
     print(f"tqdm        {_version('tqdm')}   (progress bars)")
     print(f"matplotlib  {_version('matplotlib')}   (figures: pip install 'tinyamp[plots]')")
@@ -435,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             return info()
-        keep_freed_memory()  # no page faults from glibc trimming its heap between steps (allocator.py)
+        keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
         return demo(args) if args.command == "demo" else train(args)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet

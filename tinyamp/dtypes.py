@@ -1,8 +1,13 @@
-"""Which dtypes a tensor may hold, and how Python scalars meet tensors.
+"""Which dtypes a tensor may hold, where their sums accumulate, and how Python scalars meet tensors.
 
 Floating dtypes carry gradients; integer and bool tensors carry labels, indices
 and masks.  bfloat16 comes from the optional ``ml_dtypes`` package and lives on the
 CPU only (CuPy has no complete bfloat16 support).
+
+The one rule of mixed precision that belongs to the dtypes themselves: a sum of 16-bit
+values accumulates in float32 (``accumulation_dtype``).  In float16, 2048 + 1 rounds
+back to 2048 (the gap between float16 values at 2048 is 2), so a float16 running sum of
+ones stalls there; float32 counts on to 2^24.
 """
 
 from __future__ import annotations
@@ -79,6 +84,16 @@ def overflow_threshold(dtype: np.dtype) -> float:
 def is_floating(dtype: np.dtype) -> bool:
     """True for float16, bfloat16, float32 and float64: the dtypes that carry gradients."""
     return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def is_16bit(dtype: np.dtype) -> bool:
+    """True for float16 and bfloat16, the formats mixed precision computes in."""
+    return dtype.itemsize == 2 and is_floating(dtype)
+
+
+def accumulation_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a sum of `dtype` values accumulates in: float32 for 16-bit floats, else `dtype`."""
+    return float32 if is_16bit(dtype) else dtype
 
 
 def check_supported(dtype: np.dtype, device: str) -> None:

@@ -26,14 +26,6 @@ _seed = 0
 # multiplies in which every input bit affects every output bit.
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-_CUDA_UNIFORM = r"""
-unsigned long long z = key + (start + (unsigned long long)i) * 0x9E3779B97F4A7C15ULL;
-z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-z ^= z >> 31;
-u = (float)(z >> 40) * 5.9604644775390625e-8f;
-"""  # the same arithmetic as _uniform_numpy, one thread per position; 5.96e-8 is 2^-24
-_cuda_kernel: Any = None
 
 
 class CounterGenerator:
@@ -57,12 +49,7 @@ class CounterGenerator:
             raise TypeError(f"CounterGenerator draws float32 numbers; got dtype={dtype}")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         n = math.prod(shape)
-        if self.xp is np:
-            u = _uniform_numpy(self.key, self.offset, n)
-        else:
-            u = self.xp.empty(n, dtype=np.float32)
-            if n:
-                _uniform_kernel()(np.uint64(self.key), np.uint64(self.offset), u)
+        u = uniform(self.xp, self.key, self.offset, n)
         self.offset += n
         return u.reshape(shape)
 
@@ -78,21 +65,17 @@ class CounterGenerator:
         self.offset = int(value["offset"])
 
 
-def _uniform_numpy(key: int, offset: int, n: int) -> np.ndarray:
-    """Positions offset .. offset + n - 1 of the stream, on the CPU (uint64 arithmetic wraps mod 2^64)."""
-    z = np.arange(offset, offset + n, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(key)
+def uniform(xp: Any, key: int, offset: int, n: int) -> Any:
+    """Positions offset .. offset + n - 1 of the stream, as `xp` (NumPy or CuPy) float32 values.
+
+    uint64 arithmetic wraps modulo 2^64 in both libraries, and the top 24 bits of each
+    number become a float32 exactly, so both give the same numbers.
+    """
+    z = xp.arange(offset, offset + n, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(key)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
     z ^= z >> np.uint64(31)
     return (z >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)  # 24 bits: exact in float32
-
-
-def _uniform_kernel() -> Any:  # pragma: no cover - needs a GPU
-    global _cuda_kernel
-    if _cuda_kernel is None:
-        cupy = backend.array_module("cuda")
-        _cuda_kernel = cupy.ElementwiseKernel("uint64 key, uint64 start", "float32 u", _CUDA_UNIFORM, "tinyamp_uniform")
-    return _cuda_kernel
 
 
 def manual_seed(seed: int) -> None:

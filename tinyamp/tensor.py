@@ -3,19 +3,17 @@
 A Tensor is deliberately thin.  ``.data`` is the real array, so its dtype and its
 bytes are the real ones: a float16 tensor holds 2 bytes per element.  ``.grad`` is an
 array of the same backend, dtype and shape, filled by ``backward()``.  Every operator
-delegates to a Function in :mod:`tinyamp.ops`, where the forward and backward math live.
+is a Function in :mod:`tinyamp.ops`, where the forward and backward math live.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tinyamp import autograd, backend, dtypes
-from tinyamp.autograd import Function
 
 Scalar = int | float | bool
 
@@ -32,7 +30,7 @@ class Tensor:
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False, device: str | None = None) -> None:
         self.data = _to_array(data, dtype, device)
         self.grad: Any = None
-        self._ctx: Function | None = None
+        self._ctx: Any = None
         self.name: str | None = None
         self._edge: autograd.Edge | None = None
         self.requires_grad = False
@@ -40,7 +38,7 @@ class Tensor:
             self.requires_grad_(True)
 
     @staticmethod
-    def _make(data: Any, requires_grad: bool, ctx: Function | None) -> Tensor:
+    def _make(data: Any, requires_grad: bool, ctx: Any) -> Tensor:
         """Wrap an array without checks: the fast path used by every op."""
         t = object.__new__(Tensor)
         t.data = data
@@ -78,7 +76,7 @@ class Tensor:
         return backend.device_of(self.data)
 
     @property
-    def creator(self) -> Function | None:
+    def creator(self) -> Any:
         """The Function that produced this tensor (None for a leaf)."""
         return self._ctx
 
@@ -133,7 +131,7 @@ class Tensor:
         """The same array, cut off from the graph."""
         return Tensor._make(self.data, False, None)
 
-    # ---- conversions ----------------------------------------------------------------------
+    # ---- conversions ---------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array (copied from the GPU if needed)."""
         return backend.to_device(self.data, "cpu")
@@ -146,139 +144,9 @@ class Tensor:
     def tolist(self) -> Any:
         return self.numpy().tolist()
 
-    def astype(self, dtype: Any) -> Tensor:
-        """Cast to `dtype`, differentiably: the gradient is cast back to this tensor's dtype."""
-        return ops.cast(self, dtype)
-
-    def half(self) -> Tensor:
-        return ops.cast(self, dtypes.float16)
-
-    def float(self) -> Tensor:
-        return ops.cast(self, dtypes.float32)
-
-    def double(self) -> Tensor:
-        return ops.cast(self, dtypes.float64)
-
-    def to(self, device_or_dtype: Any) -> Tensor:
-        """Move to a device ("cpu"/"cuda") or cast to a dtype, differentiably."""
-        if isinstance(device_or_dtype, str):
-            try:
-                dtypes.resolve(device_or_dtype)
-            except TypeError:  # not a dtype: a device (check_device names the valid ones)
-                return ops.to_device(self, device_or_dtype)
-        return ops.cast(self, device_or_dtype)
-
-    def cpu(self) -> Tensor:
-        return ops.to_device(self, "cpu")
-
-    def cuda(self) -> Tensor:
-        return ops.to_device(self, "cuda")
-
-    # ---- arithmetic: each operator is one Function in tinyamp.ops ----------------------------
-    def __add__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.add(self, other)
-
-    def __radd__(self, other: Scalar) -> Tensor:
-        return ops.add(other, self)
-
-    def __sub__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.sub(self, other)
-
-    def __rsub__(self, other: Scalar) -> Tensor:
-        return ops.sub(other, self)
-
-    def __mul__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.mul(self, other)
-
-    def __rmul__(self, other: Scalar) -> Tensor:
-        return ops.mul(other, self)
-
-    def __truediv__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.div(self, other)
-
-    def __rtruediv__(self, other: Scalar) -> Tensor:
-        return ops.div(other, self)
-
-    def __pow__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.pow(self, other)
-
-    def __rpow__(self, other: Scalar) -> Tensor:
-        return ops.pow(other, self)
-
-    def __neg__(self) -> Tensor:
-        return ops.neg(self)
-
-    def __matmul__(self, other: Tensor) -> Tensor:
-        return ops.matmul(self, other)
-
-    def __rmatmul__(self, other: Tensor) -> Tensor:
-        return ops.matmul(other, self)
-
-    def __getitem__(self, index: Any) -> Tensor:
-        return ops.getitem(self, index)
-
-    # Comparisons give bool tensors and have no gradient.  (== is left as identity so that
-    # tensors can sit in lists and sets; use tinyamp.equal for elementwise equality.)
-    def __lt__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.compare("lt", self, other)
-
-    def __le__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.compare("le", self, other)
-
-    def __gt__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.compare("gt", self, other)
-
-    def __ge__(self, other: Tensor | Scalar) -> Tensor:
-        return ops.compare("ge", self, other)
-
-    # ---- methods that mirror the functions in tinyamp.ops -------------------------------------
-    def exp(self) -> Tensor:
-        return ops.exp(self)
-
-    def log(self) -> Tensor:
-        return ops.log(self)
-
-    def sqrt(self) -> Tensor:
-        return ops.sqrt(self)
-
-    def tanh(self) -> Tensor:
-        return ops.tanh(self)
-
-    def sigmoid(self) -> Tensor:
-        return ops.sigmoid(self)
-
-    def relu(self) -> Tensor:
-        return ops.relu(self)
-
-    def gelu(self) -> Tensor:
-        return ops.gelu(self)
-
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return ops.sum(self, axis, keepdims)
-
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return ops.mean(self, axis, keepdims)
-
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return ops.max(self, axis, keepdims)
-
-    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
-        if len(shape) == 1 and not isinstance(shape[0], int):
-            shape = tuple(shape[0])
-        return ops.reshape(self, shape)
-
-    def transpose(self, *axes: int) -> Tensor:
-        return ops.transpose(self, axes or None)
-
-    @property
-    def T(self) -> Tensor:
-        return ops.transpose(self, None)
-
-    def softmax(self, axis: int = -1) -> Tensor:
-        return ops.softmax(self, axis)
-
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        return ops.log_softmax(self, axis)
+    # Operators (+, *, @, ...) and methods that are operations (.sum(), .exp(), .astype(), ...)
+    # are the functions of tinyamp.ops, attached by tinyamp.ops.setup_tensor(): the ops build
+    # Tensors, so this module cannot import them.
 
 
 def _to_array(data: Any, dtype: Any, device: str | None) -> Any:
@@ -347,8 +215,3 @@ def as_tensor(value: Any, like: Tensor) -> Tensor:
     if backend.is_array(value):
         return as_tensor(Tensor._make(value, False, None), like)
     raise TypeError(f"cannot combine a Tensor with {type(value).__name__}; use a Tensor, an array or a number")
-
-
-autograd._make_tensor = Tensor._make
-
-from tinyamp import ops  # noqa: E402  (ops needs Tensor, defined above)

@@ -386,15 +386,14 @@ print("wrote", path.name)
 # and FP32's ulp at $B = 2^{E+13}$ is $2^{E+13-23} = 2^{E-10}$: the same. So in FP32 arithmetic
 # $(|x| + B) - B$ is $|x|$ rounded to FP16, by the hardware's own round to nearest, ties to
 # even. Below $2^{-14}$ FP16's ulp stops shrinking at $2^{-24}$, so $B$ stops at $2^{-1}$.
-# No branch, no loop over elements: this is how tinyamp rounds arrays
-# (`tinyamp/ops/half_casts.py` reads the bits of the sum instead of subtracting $B$): 1.6x
-# faster than NumPy's own conversion on ordinary values, 60x on subnormals (README, Benchmarks).
-# Written as a loop over single elements and compiled by numba (`half_casts_numba.py`, used
-# when numba is installed), the same formula runs about ten times faster again: the element
-# stays in registers through every step instead of one NumPy pass through memory per step.
+# No branch, no loop over elements: this is how tinyamp rounds arrays, in
+# `tinyamp/rounding.py` (it reads the bits of the sum instead of subtracting $B$), the reference
+# that `tinyamp.kernels.cast` runs. The engine room runs the same formula faster, with the same
+# bits: in cache-sized blocks of NumPy passes, or as a loop over single elements compiled by
+# numba when it is installed (`tinyamp/fast/casts.py`; `benchmarks/cast_speed.py` times them).
 
 # %%
-from tinyamp.ops.half_casts import round_to_float16  # noqa: E402
+from tinyamp.rounding import round_to_float16  # noqa: E402
 
 
 def round_by_addition(x: np.ndarray) -> np.ndarray:
@@ -414,14 +413,14 @@ print(f"fp16(2049) by addition: {by_addition[0]},  fp16(3 * 2^-25): {by_addition
 assert np.array_equal(by_addition, samples.astype(np.float16).astype(np.float32))  # every value, every tie
 assert np.array_equal(round_to_float16(samples), samples.astype(np.float16))  # tinyamp's: the same bits
 
-# Both of tinyamp's implementations of the formula, side by side: the NumPy passes always,
-# the compiled loop when numba is installed (`half_casts.active_kernels()` says which runs).
-from tinyamp.ops import half_casts  # noqa: E402
+# The engine room's two implementations of the formula, side by side: the NumPy passes always,
+# the compiled loop when numba is installed (`casts.active_kernels()` says which runs).
+from tinyamp.fast import casts  # noqa: E402
 
-for implementation in half_casts.KERNELS:
+for implementation in casts.KERNELS:
     try:
-        with half_casts.kernels(implementation):
-            assert np.array_equal(round_to_float16(samples), samples.astype(np.float16))
+        with casts.kernels(implementation):
+            assert np.array_equal(casts.round_to_float16(samples), samples.astype(np.float16))
         print(f"{implementation:5s}: the same bits as NumPy's astype on {samples.size} values")
     except ImportError as why:  # numba not installed: the NumPy passes run
         print(f"{implementation:5s}: not available here ({why})")
@@ -431,10 +430,12 @@ for implementation in half_casts.KERNELS:
 #
 # - FP16: 5 exponent bits, 10 mantissa bits. Largest value 65504 (from 65520 up: inf), smallest
 #   normal $2^{-14}$, smallest subnormal $2^{-24}$ (at or below $2^{-25}$: zero), epsilon $2^{-10}$.
-# - BF16: FP32's range with 7 mantissa bits, epsilon $2^{-7}$: it never underflows where FP32
-#   does not, but it is 8 times coarser than FP16.
-# - Rounding is to nearest, ties to even; an addend below half an ulp of the sum is lost.
+# - BF16: FP32's range of normal numbers with 7 mantissa bits, epsilon $2^{-7}$: 8 times coarser
+#   than FP16. Its smallest subnormal is $2^{-133}$ against FP32's $2^{-149}$, so it keeps every
+#   normal FP32 magnitude but underflows a little sooner.
+# - Rounding is to nearest, ties to even; an addend smaller than half the gap from the sum to its
+#   neighbour is lost (half an ulp, or a quarter of one toward zero from a power of two).
 #
-# The two failures of FP16 training follow directly. Gradients below $2^{-24}$ vanish
-# (underflow; fixed by loss scaling), and weight updates below half an ulp of their weight
-# vanish (fixed by FP32 master weights). Tutorial 3 measures both on a real network.
+# The two failures of FP16 training follow directly. Gradients at or below $2^{-25}$ vanish
+# (underflow; fixed by loss scaling), and weight updates 2048 to 4096 times smaller than their
+# weight vanish (fixed by FP32 master weights). Tutorial 3 measures both on a real network.

@@ -29,7 +29,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import tinyamp as ta
-from tinyamp.autograd import Edge, Function, GradientError, topological_order
+from tinyamp.autograd import Edge, GradientError, topological_order
+from tinyamp.function import Function
 from tinyamp.ops import arithmetic, unary
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
@@ -221,7 +222,9 @@ except GradientError as exc:
 # plain arrays (NumPy here, CuPy on a GPU). Here is the whole of `Mul`:
 
 # %%
-print(inspect.getsource(arithmetic.Mul))
+mul_source = inspect.getsource(arithmetic.Mul)
+print(mul_source)
+assert "return a * b" in mul_source and "g * b" in mul_source and "g * a" in mul_source  # the math, as written
 
 # %% [markdown]
 # `forward` saves $a$ and $b$ and returns $a b$. `backward` receives $g = \partial L/\partial c$
@@ -236,7 +239,13 @@ print(inspect.getsource(arithmetic.Mul))
 #
 # The second rule is what makes mixed precision manageable: the dtype of every gradient is
 # known in advance (it is the dtype of its tensor), and the autograd engine checks it after
-# every backward, naming the op that broke it. `Tanh` shows the other pattern, a derivative
+# every backward, naming the op that broke it.
+#
+# The arithmetic is the array library's own: `a * b` is NumPy's (or CuPy's) product. The few
+# array operations that need more than that, a float16 add fast enough on a CPU or a Tensor
+# Core product on a GPU, are functions of `tinyamp/kernels.py`, whose bodies are the plain
+# reference code; faster implementations of the same bits register behind them (the "engine
+# room", `tinyamp/fast/` and `tinyamp/cuda/`). `Tanh` shows the other pattern, a derivative
 # written with the saved output:
 
 # %%

@@ -30,7 +30,7 @@ import numpy as np
 import tinyamp as ta
 from tinyamp import autograd, nn
 from tinyamp.amp import DEFAULT_POLICY, autocast, format_policy, formats
-from tinyamp.ops.casting import Cast
+from tinyamp.casting import Cast
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()

@@ -8,9 +8,9 @@ The facts a mixed-precision course keeps coming back to, for float16:
 
 * 1 sign, 5 exponent and 10 mantissa bits; the largest value is 65504;
 * the smallest normal value is 2^-14 (about 6.1e-5), the smallest subnormal 2^-24
-  (about 6.0e-8): anything below half of that rounds to zero;
-* machine epsilon is 2^-10, so ``1 + 2^-11`` rounds back to 1: an update smaller than
-  half an ulp of the weight it is added to is lost.
+  (about 6.0e-8): anything at or below half of that, 2^-25, rounds to zero;
+* machine epsilon is 2^-10, so ``1 + 2^-11`` rounds back to 1: a small enough update
+  added to a weight is lost (``update_is_lost``, and ``lost_updates.py`` for the rule).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp import dtypes
+from tinyamp.amp.lost_updates import lost_updates
 
 
 @dataclass(frozen=True)
@@ -151,18 +152,16 @@ def ulp(x: float, fmt: str = "float16") -> float:
 
 
 def update_is_lost(weight: float, update: float, fmt: str = "float16") -> bool:
-    """True when a nonzero ``weight + update`` rounds back to ``weight`` in `fmt`.
+    """True when the nonzero `update`, added to `weight` rounded to `fmt`, leaves that weight unchanged.
 
-    It happens when |update| is below half the gap to the weight's neighbour in the
-    update's direction: half an ulp, or a quarter of one toward zero from a power of two
-    (at exactly half, ties to even decide).  In float16 a lost update is at least 2048
-    times smaller than a normal weight, and one 8192 times smaller is always lost
-    (Micikevicius et al. 2018 quote the 2048): the reason for FP32 master weights.
+    The update is a float32 value, as an optimizer computes it, and the sum is rounded once
+    to `fmt`: ``tinyamp.amp.lost_updates``, whose docstring gives the rule (in float16, a
+    lost update is at least 2048 times smaller than a normal weight, and every update 4096
+    or more times smaller is lost: the reason for FP32 master weights).
     """
-    if update == 0:
-        return False
-    w = round_to(weight, fmt)
-    return bool(round_to(w + float(round_to(update, fmt)), fmt) == w)
+    with np.errstate(over="ignore", invalid="ignore"):  # a weight beyond fmt's range is inf, whose updates are lost
+        w = np.asarray(weight, dtype=np.float64).astype(get_format(fmt).dtype)
+        return bool(lost_updates(w, np.float32(update)))
 
 
 def format_table(names: tuple[str, ...] = ("float16", "bfloat16", "float32")) -> str:

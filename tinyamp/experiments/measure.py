@@ -9,11 +9,12 @@ the FP16 backward itself erases at least as much, since a gradient computed from
 upstream gradient that is already zero stays zero.
 
 **Lost updates.**  An update is *lost* when the optimizer computed a nonzero change for
-an element but its 16-bit weight did not move: $\\mathrm{fp16}(w + \\Delta) = w$, which
-happens when $|\\Delta|$ is below half an ulp of $w$ (for a normal $w$: when $w$ is more
-than 2048 times $\\Delta$).  ``MasterWeights`` counts this itself (the master keeps the
-update, so the count says what *would* have been lost); :class:`LostUpdateMeter` counts
-it for an optimizer that updates 16-bit weights directly, where it *is* lost.
+an element but its 16-bit weight did not move: $\\mathrm{fp16}(w + \\Delta) = w$
+(``tinyamp.amp.lost_updates`` has the rule; in float16 every update 4096 or more times
+smaller than its weight is lost).
+``MasterWeights`` counts this itself (the master keeps the update, so the count says what
+*would* have been lost); :class:`LostUpdateMeter` counts it for an optimizer that updates
+16-bit weights directly, where it *is* lost.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp import autograd, backend
+from tinyamp import autograd, backend, kernels
 from tinyamp.amp import formats
+from tinyamp.amp.lost_updates import lost_updates
 from tinyamp.nn.module import Module
 from tinyamp.optim.optimizer import Optimizer
 from tinyamp.tensor import Tensor
@@ -122,10 +124,10 @@ class LostUpdateMeter:
             if p.grad is None:
                 continue
             xp = backend.get_array_module(old)
-            wide = old.astype(np.float32)
+            wide = kernels.widen(old)
             intended = wide.copy()
-            self.optimizer.update(intended, p.grad.astype(np.float32), state)
-            moved = intended != wide
-            changed += int(xp.count_nonzero(moved))
-            lost += int(xp.count_nonzero(moved & (p.data == old)))
+            self.optimizer.update(intended, kernels.widen(p.grad), state)
+            changed += int(xp.count_nonzero(intended != wide))
+            intended -= wide  # the update, in place
+            lost += int(xp.count_nonzero(lost_updates(old, intended)))
         return changed, lost

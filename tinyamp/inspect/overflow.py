@@ -20,6 +20,7 @@ from typing import Any
 from tinyamp import autograd
 from tinyamp.backend import get_array_module, to_device
 from tinyamp.dtypes import finfo, resolve
+from tinyamp.function import Function
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class find_overflow:  # noqa: N801  (a context manager read as a verb)
         autograd.hooks.remove(self._check)
         nn_module.running_module_stacks.remove(self._module_stack)
 
-    def _check(self, direction: str, fn: autograd.Function, arrays: Any) -> None:
+    def _check(self, direction: str, fn: Function, arrays: Any) -> None:
         if direction == "forward":  # remember the module on the node, for its backward
             fn.module_name = self._names.get(self._module_stack[-1]) if self._module_stack else None
         for array in arrays:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tinyamp import autograd, backend
-from tinyamp.ops.casting import Cast
+from tinyamp.casting import Cast
 from tinyamp.tensor import Tensor
 
 

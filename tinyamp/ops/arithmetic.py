@@ -7,16 +7,96 @@ forward, so the float16 input's gradient is rounded back to float16).
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
-from tinyamp import dtypes
-from tinyamp.autograd import Function
+from tinyamp import dtypes, kernels
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.ops import casting as cast_ops
+from tinyamp.function import Function
 from tinyamp.ops.broadcasting import unbroadcast
-from tinyamp.ops.half_casts import half_arithmetic
 from tinyamp.tensor import Scalar, Tensor, as_tensor
+
+
+class Add(Function):
+    """$c = a + b$; $\\partial c/\\partial a = \\partial c/\\partial b = 1$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.inputs_like = (a.shape, a.dtype), (b.shape, b.dtype)
+        return kernels.add(a, b)  # a + b; two float16 activations meet here (residual connections)
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        (a_shape, a_dtype), (b_shape, b_dtype) = self.inputs_like
+        need_a, need_b = self.needs_input_grad
+        return (
+            unbroadcast(g, a_shape, a_dtype) if need_a else None,
+            unbroadcast(g, b_shape, b_dtype) if need_b else None,
+        )
+
+
+class Sub(Function):
+    """$c = a - b$; the gradient of b is $-g$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.inputs_like = (a.shape, a.dtype), (b.shape, b.dtype)
+        return a - b
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        (a_shape, a_dtype), (b_shape, b_dtype) = self.inputs_like
+        need_a, need_b = self.needs_input_grad
+        return (
+            unbroadcast(g, a_shape, a_dtype) if need_a else None,
+            unbroadcast(-g, b_shape, b_dtype) if need_b else None,
+        )
+
+
+class Mul(Function):
+    """$c = a b$; $\\partial c/\\partial a = b$, $\\partial c/\\partial b = a$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.save_for_backward(a, b)
+        return a * b
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        a, b = self.saved
+        need_a, need_b = self.needs_input_grad
+        return (
+            unbroadcast(g * b, a.shape, a.dtype) if need_a else None,
+            unbroadcast(g * a, b.shape, b.dtype) if need_b else None,
+        )
+
+
+class Div(Function):
+    """$c = a / b$; $\\partial c/\\partial a = 1/b$, $\\partial c/\\partial b = -a/b^2 = -c/b$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        out = a / b
+        self.save_for_backward(a, b, out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        a, b, out = self.saved
+        need_a, need_b = self.needs_input_grad
+        return (
+            unbroadcast(g / b, a.shape, a.dtype) if need_a else None,
+            unbroadcast(-g * out / b, b.shape, b.dtype) if need_b else None,
+        )
+
+
+class Pow(Function):
+    """$c = a^b$; $\\partial c/\\partial a = b a^{b-1}$, $\\partial c/\\partial b = c \\ln a$."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        out = a**b
+        self.save_for_backward(a, b, out)
+        return out
+
+    def backward(self, g: Any) -> tuple[Any, Any]:
+        a, b, out = self.saved
+        need_a, need_b = self.needs_input_grad
+        return (
+            unbroadcast(g * b * a ** (b - 1), a.shape, a.dtype) if need_a else None,
+            unbroadcast(g * out * get_array_module(a).log(a), b.shape, b.dtype) if need_b else None,
+        )
 
 
 def operands(a: Tensor | Scalar, b: Tensor | Scalar, op: str | None = None) -> tuple[Tensor, Tensor]:
@@ -32,95 +112,10 @@ def operands(a: Tensor | Scalar, b: Tensor | Scalar, op: str | None = None) -> t
     if da != db and not (dtypes.is_floating(da) and dtypes.is_floating(db)):
         target = dtypes.promote(da, db)
         if da != target:
-            a = Tensor._make(cast_ops.convert(a.data, target), False, None)
+            a = Tensor._make(kernels.cast(a.data, target), False, None)
         if db != target:
-            b = Tensor._make(cast_ops.convert(b.data, target), False, None)
-    if op is not None and cast_ops.active_autocast is not None:
-        a, b = cast_ops.autocast_inputs(op, a, b)
-    return a, b
-
-
-class Add(Function):
-    """$c = a + b$; $\\partial c/\\partial a = \\partial c/\\partial b = 1$."""
-
-    def forward(self, a: Any, b: Any) -> Any:
-        self.a_meta = (a.shape, a.dtype)
-        self.b_meta = (b.shape, b.dtype)
-        return half_arithmetic(operator.add, a, b)
-
-    def backward(self, g: Any) -> tuple[Any, Any]:
-        ga, gb = self.needs_input_grad
-        return (
-            unbroadcast(g, *self.a_meta) if ga else None,
-            unbroadcast(g, *self.b_meta) if gb else None,
-        )
-
-
-class Sub(Function):
-    """$c = a - b$; the gradient of b is $-g$."""
-
-    def forward(self, a: Any, b: Any) -> Any:
-        self.a_meta = (a.shape, a.dtype)
-        self.b_meta = (b.shape, b.dtype)
-        return half_arithmetic(operator.sub, a, b)
-
-    def backward(self, g: Any) -> tuple[Any, Any]:
-        ga, gb = self.needs_input_grad
-        return (
-            unbroadcast(g, *self.a_meta) if ga else None,
-            unbroadcast(-g, *self.b_meta) if gb else None,
-        )
-
-
-class Mul(Function):
-    """$c = a b$; $\\partial c/\\partial a = b$, $\\partial c/\\partial b = a$."""
-
-    def forward(self, a: Any, b: Any) -> Any:
-        self.save_for_backward(a, b)
-        return half_arithmetic(operator.mul, a, b)
-
-    def backward(self, g: Any) -> tuple[Any, Any]:
-        a, b = self.saved
-        ga, gb = self.needs_input_grad
-        return (
-            unbroadcast(half_arithmetic(operator.mul, g, b), a.shape, a.dtype) if ga else None,
-            unbroadcast(half_arithmetic(operator.mul, g, a), b.shape, b.dtype) if gb else None,
-        )
-
-
-class Div(Function):
-    """$c = a / b$; $\\partial c/\\partial a = 1/b$, $\\partial c/\\partial b = -a/b^2 = -c/b$."""
-
-    def forward(self, a: Any, b: Any) -> Any:
-        out = a / b
-        self.save_for_backward(a, b, out)
-        return out
-
-    def backward(self, g: Any) -> tuple[Any, Any]:
-        a, b, out = self.saved
-        ga, gb = self.needs_input_grad
-        return (
-            unbroadcast(g / b, a.shape, a.dtype) if ga else None,
-            unbroadcast(-g * out / b, b.shape, b.dtype) if gb else None,
-        )
-
-
-class Pow(Function):
-    """$c = a^b$; $\\partial c/\\partial a = b a^{b-1}$, $\\partial c/\\partial b = c \\ln a$."""
-
-    def forward(self, a: Any, b: Any) -> Any:
-        out = a**b
-        self.save_for_backward(a, b, out)
-        return out
-
-    def backward(self, g: Any) -> tuple[Any, Any]:
-        a, b, out = self.saved
-        ga, gb = self.needs_input_grad
-        xp = get_array_module(g)
-        return (
-            unbroadcast(g * b * a ** (b - 1), a.shape, a.dtype) if ga else None,
-            unbroadcast(g * out * xp.log(a), b.shape, b.dtype) if gb else None,
-        )
+            b = Tensor._make(kernels.cast(b.data, target), False, None)
+    return cast_inputs(op, a, b) if op is not None else (a, b)
 
 
 def add(a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tinyamp import random
-from tinyamp.autograd import Function
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from tinyamp import backend
-from tinyamp.autograd import Function
+from tinyamp import backend, kernels
 from tinyamp.backend import get_array_module
-from tinyamp.ops.broadcasting import accumulation_dtype
-from tinyamp.ops.half_casts import astype
+from tinyamp.dtypes import accumulation_dtype
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 
@@ -32,17 +29,9 @@ class Embedding(Function):
         xp = get_array_module(g)
         # A row picked by many positions sums many gradients: in float32 for a 16-bit table,
         # rounded once (a float16 running sum of 4096 ones stops at 2048).
-        wide = accumulation_dtype(dtype)
-        grad = xp.zeros(shape, dtype=wide)
-        rows = astype(g.reshape(-1, shape[1]), wide)
-        if xp is np:
-            np.add.at(grad, indices.reshape(-1), rows)
-        else:
-            import cupyx
-
-            # atomic adds: the order of the float32 sums, and so their last bits, varies run to run
-            cupyx.scatter_add(grad, indices.reshape(-1), rows)
-        return astype(grad, dtype), None
+        grad = xp.zeros(shape, dtype=accumulation_dtype(dtype))
+        kernels.scatter_add(grad, indices.reshape(-1), kernels.cast(g.reshape(-1, shape[1]), grad.dtype))
+        return kernels.cast(grad, dtype), None
 
 
 def embedding(weight: Tensor, indices: Tensor | Any) -> Tensor:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyamp.autograd import Function
+from tinyamp import kernels
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module, to_device
-from tinyamp.ops.broadcasting import accumulation_dtype
-from tinyamp.ops.casting import autocast_inputs
-from tinyamp.ops.half_casts import astype
+from tinyamp.dtypes import accumulation_dtype
+from tinyamp.function import Function
 from tinyamp.ops.softmax import stable_log_softmax
 from tinyamp.tensor import Tensor
 
@@ -48,7 +48,7 @@ class CrossEntropy(Function):
             grad *= g.reshape(-1, 1)
         else:
             grad *= g / grad.shape[0] if reduction == "mean" else g
-        return astype(grad.reshape(shape), log_probs.dtype), None
+        return kernels.cast(grad.reshape(shape), log_probs.dtype), None
 
 
 def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean") -> Tensor:
@@ -74,5 +74,5 @@ def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean")
         low, high = (int(v) for v in to_device(xp.stack([labels.data.min(), labels.data.max()]), "cpu"))
         if low < 0 or high >= classes:
             raise ValueError(f"cross_entropy labels must lie in [0, {classes}); got values from {low} to {high}")
-    (logits,) = autocast_inputs("cross_entropy", logits)
+    (logits,) = cast_inputs("cross_entropy", logits)
     return CrossEntropy.apply(logits, labels, reduction=reduction)

@@ -1,17 +1,13 @@
 """Matrix products: ``matmul`` (2-D and batched) and ``linear`` ($x W^T + b$).
 
 For $C = A B$: $\\partial L/\\partial A = G B^T$ and $\\partial L/\\partial B = A^T G$.
-When A is a batch of rows (shape (..., K)) and B a single matrix (K, N), the
-gradient of B sums over the batch; flattening the batch into rows turns that sum into
-one matrix product, (B*T, K)^T @ (B*T, N), instead of B products and a sum.
+When A is a batch of rows (shape (..., K)) and B a single matrix (K, N), the gradient of
+B sums over the batch; flattening the batch into rows turns that sum into one matrix
+product, (B*T, K)^T @ (B*T, N), instead of B products and a sum.
 
-Tensor Core numerics for 16-bit operands: the product of two float16 values has at
-most 22 significant bits, so it is exact in float32 (24 bits); products are summed in
-float32 and the result is rounded once.  On NumPy this is done literally: widen both
-operands to float32, call sgemm, round the result.  (NumPy's own float16 matmul is a
-non-BLAS loop 260-540x slower than sgemm; it is never called.)  On CuPy, float16
-products are single cuBLAS GemmEx calls on Tensor Cores (cublas_gemm.py), with the
-transposes of backward passed as flags, not copies.
+Every product, forward and backward, is ``kernels.product``: with 16-bit operands, FP16
+x FP16 -> FP32 accumulate, rounded once (Tensor Core numerics).  A gradient summed over
+batch axes is summed from the FP32 products and rounded once, after the sum.
 """
 
 from __future__ import annotations
@@ -20,15 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp import dtypes
-from tinyamp.autograd import Function
+from tinyamp import dtypes, kernels
+from tinyamp.autocast import cast_inputs, output_dtype
 from tinyamp.backend import DeviceError
-from tinyamp.ops import cublas_gemm
-from tinyamp.ops.broadcasting import accumulation_dtype, unbroadcast
-from tinyamp.ops.casting import autocast_inputs, autocast_output_dtype, convert
+from tinyamp.function import Function
+from tinyamp.ops.arithmetic import operands
+from tinyamp.ops.broadcasting import unbroadcast
 from tinyamp.tensor import Tensor
-
-_FLOAT32 = np.dtype(np.float32)
 
 
 def _swap(x: Any) -> Any:
@@ -41,45 +35,29 @@ def _rows(x: Any) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
-def _wide(x: Any) -> Any:
-    """16-bit floats widened to float32 (exact); anything else unchanged."""
-    return convert(x, _FLOAT32) if x.dtype.itemsize == 2 else x
-
-
-def accumulate_product(a: Any, b: Any) -> Any:
-    """a @ b with 16-bit operands widened: FP32 accumulation, the result left unrounded."""
-    return _wide(a) @ _wide(b)
-
-
 class MatMul(Function):
     """$C = A B$ over the last two axes, broadcasting the leading (batch) axes."""
 
     def forward(self, a: Any, b: Any, out_dtype: Any = None) -> Any:
         self.save_for_backward(a, b)
-        out_dtype = out_dtype or np.result_type(a, b)
-        if cublas_gemm.applies(a, b):
-            return cublas_gemm.matmul(a, b, out_dtype)
-        return convert(accumulate_product(a, b), out_dtype)
+        return kernels.product(a, b, out_dtype or np.result_type(a, b))
 
     def backward(self, g: Any) -> tuple[Any, Any]:
         a, b = self.saved
         need_a, need_b = self.needs_input_grad
-        grad_a = grad_b = None
-        if need_a:
-            grad_a = _gradient_product(g, _swap(b), a)
-        if need_b:
-            if b.ndim == 2 and a.ndim > 2:  # the batch sum as one product of flattened rows
-                grad_b = _gradient_product(_rows(a).T, _rows(g), b)
-            else:
-                grad_b = _gradient_product(_swap(a), g, b)
+        grad_a = _gradient_product(g, _swap(b), like=a) if need_a else None
+        if need_b and b.ndim == 2 and a.ndim > 2:  # the batch sum as one product of flattened rows
+            grad_b = _gradient_product(_rows(a).T, _rows(g), like=b)
+        else:
+            grad_b = _gradient_product(_swap(a), g, like=b) if need_b else None
         return grad_a, grad_b
 
 
 def _gradient_product(x: Any, y: Any, like: Any) -> Any:
     """x @ y summed over the batch axes `like` was broadcast along, rounded once to like's dtype."""
-    if cublas_gemm.applies(x, y) and np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) == like.shape[:-2]:
-        return cublas_gemm.matmul(x, y, like.dtype)  # no batch sum: cuBLAS rounds to the dtype itself
-    return unbroadcast(accumulate_product(x, y), like.shape, like.dtype)
+    if np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) == like.shape[:-2]:
+        return kernels.product(x, y, like.dtype)  # no batch sum
+    return unbroadcast(kernels.product(x, y, dtypes.accumulation_dtype(like.dtype)), like.shape, like.dtype)
 
 
 class Linear(Function):
@@ -94,39 +72,18 @@ class Linear(Function):
     def forward(self, x: Any, weight: Any, bias: Any = None, out_dtype: Any = None) -> Any:
         self.save_for_backward(x, weight)
         self.bias_dtype = None if bias is None else bias.dtype
-        if out_dtype is None:
-            out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
-        rows = _rows(x)
-        if cublas_gemm.applies(rows, weight) and (bias is None or bias.dtype.itemsize <= np.dtype(out_dtype).itemsize):
-            out = cublas_gemm.matmul(rows, weight.T, out_dtype, bias=bias)  # W.T: a transpose flag
-            return out.reshape(x.shape[:-1] + (weight.shape[0],))
-        out = _wide(x) @ _wide(weight).T
-        if bias is not None:
-            if bias.dtype.itemsize <= out.dtype.itemsize:
-                out += bias  # in place: no second (batch, out) array
-            else:
-                out = out + bias  # a wider bias promotes, as x @ W.T + b would
-        return convert(out, out_dtype)
+        out_dtype = out_dtype or np.result_type(*(a for a in (x, weight, bias) if a is not None))
+        return kernels.product(x, weight.T, out_dtype, bias)  # W.T: a view, read with a BLAS transpose flag
 
     def backward(self, g: Any) -> tuple[Any, ...]:
         x, weight = self.saved
-        needs = self.needs_input_grad
-        g_rows = None  # on NumPy: the rows of g, 16-bit ones widened to float32 for the products
-        if cublas_gemm.applies(_rows(g), weight) and x.dtype == g.dtype:
-            grad_x = cublas_gemm.matmul(_rows(g), weight, x.dtype).reshape(x.shape) if needs[0] else None
-            grad_w = cublas_gemm.matmul(_rows(g).T, _rows(x), weight.dtype) if needs[1] else None
-        else:
-            g_rows = _wide(_rows(g))  # widened once, read by both products
-            grad_x = convert((g_rows @ _wide(weight)).reshape(x.shape), x.dtype) if needs[0] else None
-            grad_w = convert(g_rows.T @ _wide(_rows(x)), weight.dtype) if needs[1] else None
+        need_x, need_w, *need_b = self.needs_input_grad
+        rows = _rows(g)
+        grad_x = kernels.product(rows, weight, x.dtype).reshape(x.shape) if need_x else None
+        grad_w = kernels.product(rows.T, _rows(x), weight.dtype) if need_w else None
         if self.bias_dtype is None:
             return grad_x, grad_w
-        grad_b = None
-        if needs[2]:
-            # On NumPy, sum the rows already widened for the products: NumPy's own float16 ->
-            # float32 cast inside sum(dtype=float32) costs twice as much, for the same bits.
-            rows = _rows(g) if g_rows is None else g_rows
-            grad_b = rows.sum(axis=0, dtype=accumulation_dtype(g.dtype)).astype(self.bias_dtype, copy=False)
+        grad_b = kernels.widen(rows).sum(axis=0).astype(self.bias_dtype, copy=False) if need_b[0] else None
         return grad_x, grad_w, grad_b
 
 
@@ -140,8 +97,6 @@ def _shape_error(a: Tensor, b: Tensor) -> ValueError:
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product over the last two axes, with NumPy's rules (1-D operands as vectors)."""
-    from tinyamp.ops.arithmetic import operands
-
     a, b = operands(a, b, "matmul")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(
@@ -156,7 +111,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if b.ndim == 1:  # a vector on the right is a one-column matrix
         return matmul(a, b.reshape(-1, 1)).reshape(a.shape[:-1])
     try:
-        return MatMul.apply(a, b, out_dtype=autocast_output_dtype("matmul"))
+        return MatMul.apply(a, b, out_dtype=output_dtype("matmul"))
     except ValueError:  # batch axes that do not broadcast
         raise ValueError(f"matmul batch axes do not broadcast: {a.shape} @ {b.shape}") from None
 
@@ -182,9 +137,6 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         )
     if not dtypes.is_floating(x.dtype):
         raise TypeError(f"linear needs a floating-point input; got {x.dtype} (convert it with x.astype('float32'))")
-    out_dtype = autocast_output_dtype("linear")
     if bias is None:
-        x, weight = autocast_inputs("linear", x, weight)
-        return Linear.apply(x, weight, out_dtype=out_dtype)
-    x, weight, bias = autocast_inputs("linear", x, weight, bias)
-    return Linear.apply(x, weight, bias, out_dtype=out_dtype)
+        return Linear.apply(*cast_inputs("linear", x, weight), out_dtype=output_dtype("linear"))
+    return Linear.apply(*cast_inputs("linear", x, weight, bias), out_dtype=output_dtype("linear"))

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyamp.autograd import Function
+from tinyamp import kernels
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.ops.broadcasting import accumulation_dtype
-from tinyamp.ops.casting import autocast_inputs
-from tinyamp.ops.half_casts import astype
+from tinyamp.dtypes import accumulation_dtype
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 
@@ -57,7 +57,7 @@ class LayerNorm(Function):
             ghat = g if weight is None else g * weight
             mean_g = ghat.mean(axis=-1, keepdims=True)
             mean_gx = (ghat * xhat).mean(axis=-1, keepdims=True)
-            grads[0] = astype(rstd * (ghat - mean_g - xhat * mean_gx), x_dtype)
+            grads[0] = kernels.cast(rstd * (ghat - mean_g - xhat * mean_gx), x_dtype)
         return tuple(grads)
 
 
@@ -69,5 +69,5 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
             raise ValueError(f"layer_norm: {name} of shape {p.shape} does not fit input {x.shape}; it must be ({d},)")
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported; pass weight=ones")
-    inputs = autocast_inputs("layer_norm", *[t for t in (x, weight, bias) if t is not None])
+    inputs = cast_inputs("layer_norm", *[t for t in (x, weight, bias) if t is not None])
     return LayerNorm.apply(*inputs, eps=eps)

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tinyamp import dtypes
-from tinyamp.autograd import Function
+from tinyamp import dtypes, kernels
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.ops.broadcasting import accumulation_dtype
-from tinyamp.ops.casting import autocast_inputs
-from tinyamp.ops.half_casts import astype
+from tinyamp.dtypes import accumulation_dtype
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 Axis = int | Sequence[int] | None
@@ -85,12 +84,12 @@ class Max(Function):
         axes, keepdims = self.meta
         is_max = x == out
         count = is_max.sum(axis=axes, keepdims=True)
-        return (astype(_expand(g, axes, keepdims) * is_max / count, x.dtype),)
+        return (kernels.cast(_expand(g, axes, keepdims) * is_max / count, x.dtype),)
 
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Sum over `axis` (all axes when None)."""
-    (x,) = autocast_inputs("sum", x)
+    (x,) = cast_inputs("sum", x)
     return Sum.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
 
@@ -98,7 +97,7 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Mean over `axis` (all axes when None); integer tensors average as float32."""
     if not dtypes.is_floating(x.dtype):  # the mean of [1, 2] is 1.5, not the integer 1
         x = x.astype(dtypes.float32)
-    (x,) = autocast_inputs("mean", x)
+    (x,) = cast_inputs("mean", x)
     return Mean.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
 

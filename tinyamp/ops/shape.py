@@ -10,12 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp import backend
-from tinyamp.autograd import Function
+from tinyamp import backend, kernels
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.ops.broadcasting import accumulation_dtype
-from tinyamp.ops.casting import autocast_inputs
-from tinyamp.ops.half_casts import astype
+from tinyamp.dtypes import accumulation_dtype
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 
@@ -64,14 +63,8 @@ class GetItem(Function):
         # x[[0, 0]] picks x[0] twice: both gradients count, summed in float32 for 16-bit x
         wide = accumulation_dtype(dtype)
         grad = xp.zeros(shape, dtype=wide)
-        if xp is np:
-            np.add.at(grad, index, astype(g, wide))
-        else:
-            import cupyx
-
-            # atomic adds: the order of the float32 sums, and so their last bits, varies run to run
-            cupyx.scatter_add(grad, index, g.astype(wide, copy=False))
-        return (astype(grad, dtype),)
+        kernels.scatter_add(grad, index, kernels.cast(g, wide))
+        return (kernels.cast(grad, dtype),)
 
 
 class Concatenate(Function):
@@ -153,4 +146,4 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
         ):
             shapes = [u.shape for u in tensors]
             raise ValueError(f"concatenate along axis {axis} needs equal shapes on the other axes; got {shapes}")
-    return Concatenate.apply(*autocast_inputs("concatenate", *tensors), axis=axis % first.ndim)
+    return Concatenate.apply(*cast_inputs("concatenate", *tensors), axis=axis % first.ndim)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyamp.autograd import Function
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.ops.casting import autocast_inputs
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 
@@ -61,11 +61,11 @@ def _check_axis(x: Tensor, axis: int) -> int:
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along `axis`: positive values that sum to 1."""
-    (x,) = autocast_inputs("softmax", x)
+    (x,) = cast_inputs("softmax", x)
     return Softmax.apply(x, axis=_check_axis(x, axis))
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Logarithm of softmax along `axis`, without forming softmax (no log(0))."""
-    (x,) = autocast_inputs("log_softmax", x)
+    (x,) = cast_inputs("log_softmax", x)
     return LogSoftmax.apply(x, axis=_check_axis(x, axis))

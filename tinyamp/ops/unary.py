@@ -10,13 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-from tinyamp.autograd import Function
+from tinyamp import kernels
+from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.ops import bits16
-from tinyamp.ops.casting import autocast_inputs
-from tinyamp.ops.half_casts import astype
+from tinyamp.function import Function
 from tinyamp.tensor import Tensor
 
 
@@ -101,25 +98,16 @@ class Sigmoid(Function):
 
 
 class ReLU(Function):
-    """$y = \\max(x, 0)$; $dy/dx = [x > 0]$ (0 at the kink, as in PyTorch).
-
-    For float16/bfloat16 on NumPy both directions work on the bit patterns (see
-    ``bits16``): the same values, 15-40x faster than NumPy's float16 loops.
-    """
+    """$y = \\max(x, 0)$; $dy/dx = [x > 0]$ (0 at the kink, as in PyTorch)."""
 
     def forward(self, x: Any) -> Any:
-        out = bits16.relu(x) if bits16.is_16bit_float(x) else get_array_module(x).maximum(x, 0)
+        out = kernels.relu(x)
         self.save_for_backward(out)
         return out
 
     def backward(self, g: Any) -> tuple[Any]:
         (out,) = self.saved
-        if bits16.is_16bit_float(g) and g.dtype == out.dtype:
-            return (bits16.mask_where_positive(g, out),)
-        if isinstance(g, np.ndarray):
-            return (bits16.select(g, out > 0),)  # as np.where(out > 0, g, 0), 5x faster here
-        # a select, not a product: an inf gradient where out <= 0 gives 0 (inf * 0 is NaN)
-        return (get_array_module(g).where(out > 0, g, g.dtype.type(0)),)
+        return (kernels.relu_backward(g, out),)
 
 
 _GELU_C = math.sqrt(2 / math.pi)
@@ -132,30 +120,24 @@ class GELU(Function):
     $c = \\sqrt{2/\\pi}$, $a = 0.044715$; it differs from the erf form by < 1e-3.
     $dy/dx = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2$ with $t = \\tanh(c(x + a x^3))$.
 
-    For float16/bfloat16 the formula runs in float32 and the result is rounded once, on
-    both backends: in float16, x^3 overflows for |x| > 40 (the gradient's 3 a x^2 for
-    |x| > 699, giving inf * 0 = NaN) and 1 + t cancels to 0 for x < -4; on NumPy float16
-    arithmetic is also a scalar loop, ~17x slower.  Only x is kept:
-    t is recomputed in backward, so the graph holds 2 bytes per element, not 4.
+    For float16/bfloat16 the formula runs in float32 and the result is rounded once: in
+    float16, x^3 overflows for |x| > 40 (the gradient's 3 a x^2 for |x| > 699, giving
+    inf * 0 = NaN) and 1 + t cancels to 0 for x < -4.  Only x is kept: t is recomputed in
+    backward, so the graph holds 2 bytes per element, not 4.
     """
 
     def forward(self, x: Any) -> Any:
         self.save_for_backward(x)
-        wide = _wide16(x)
+        wide = kernels.widen(x)
         t = get_array_module(x).tanh(_GELU_C * (wide + _GELU_A * wide * wide * wide))
-        return astype(0.5 * wide * (1 + t), x.dtype)
+        return kernels.cast(0.5 * wide * (1 + t), x.dtype)
 
     def backward(self, g: Any) -> tuple[Any]:
         (x,) = self.saved
-        wide = _wide16(x)
+        wide = kernels.widen(x)
         t = get_array_module(x).tanh(_GELU_C * (wide + _GELU_A * wide * wide * wide))
         d = 0.5 * (1 + t) + 0.5 * wide * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * wide * wide)
-        return (astype(_wide16(g) * d, g.dtype),)
-
-
-def _wide16(x: Any) -> Any:
-    """16-bit floats (NumPy or CuPy) widened to float32 (exact); anything else unchanged."""
-    return astype(x, np.float32) if x.dtype.itemsize == 2 and x.dtype.kind in "fV" else x
+        return (kernels.cast(kernels.widen(g) * d, g.dtype),)
 
 
 def neg(x: Tensor) -> Tensor:
@@ -165,12 +147,12 @@ def neg(x: Tensor) -> Tensor:
 
 def exp(x: Tensor) -> Tensor:
     """$e^x$ elementwise (float16 overflows to inf for x > 11.09)."""
-    return Exp.apply(*autocast_inputs("exp", x))
+    return Exp.apply(*cast_inputs("exp", x))
 
 
 def log(x: Tensor) -> Tensor:
     """Natural logarithm elementwise."""
-    return Log.apply(*autocast_inputs("log", x))
+    return Log.apply(*cast_inputs("log", x))
 
 
 def sqrt(x: Tensor) -> Tensor:

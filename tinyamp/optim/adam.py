@@ -6,7 +6,6 @@ import math
 from typing import Any
 
 from tinyamp.backend import get_array_module
-from tinyamp.optim import fused_cuda
 from tinyamp.optim.optimizer import Optimizer, Params
 
 
@@ -74,15 +73,6 @@ class Adam(Optimizer):
         xp.divide(m, tmp, out=tmp)
         tmp *= lr / (1 - beta1**t)
         w -= tmp
-
-    def fused_update(
-        self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None, grad_scale: float | None = None
-    ) -> bool:
-        fused_cuda.adam_step(
-            w, g, state, copy, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled_weight_decay,
-            skip_if, grad_scale,
-        )  # fmt: skip
-        return True
 
 
 class AdamW(Adam):

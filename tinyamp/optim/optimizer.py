@@ -7,24 +7,21 @@ in-place operators so that a step allocates at most one temporary per parameter.
 
 Low precision: the state (momentum, Adam moments) of a float16 or bfloat16 parameter
 is kept in float32, and its update is computed in float32 and rounded once when it is
-written back.  Done in float16, a small update vanishes: $1 + 2^{-11} = 1$, so any
-update below half an ulp of the weight is lost.  (Proper mixed precision keeps an
-FP32 *master copy* of the weights across steps, so that small updates accumulate;
-tinyamp's AMP layer adds that on top of these optimizers.)
+written back.  Rounded into a float16 weight, a small update still vanishes: $1 + 2^{-11}$
+rounds to 1 (``tinyamp.amp.lost_updates`` has the rule).  Mixed precision therefore keeps
+an FP32 *master copy* of the weights across steps, so that small updates accumulate:
+``tinyamp.amp.MasterWeights`` adds that on top of these optimizers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from tinyamp import backend, dtypes
+from tinyamp import backend, dtypes, kernels
 from tinyamp.autograd import GradientError
-from tinyamp.ops.broadcasting import accumulation_dtype
-from tinyamp.ops.casting import convert
-from tinyamp.optim import fused_cuda
 from tinyamp.tensor import Tensor
 
 Params = Iterable[Tensor] | Iterable[tuple[str, Tensor]]
@@ -90,94 +87,34 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
-    def fuses_every_update(self, rounded_copies: Sequence[Any], grads: Sequence[Any] | None = None) -> bool:
-        """True when every update of the next ``step(rounded_copies, grads=grads)`` runs as a fused GPU kernel."""
-        grads = [p.grad for p in self.params] if grads is None else grads
-        updated = [(p, g, c) for p, g, c in zip(self.params, grads, rounded_copies) if g is not None]
-        has_kernels = type(self).fused_update is not Optimizer.fused_update
-        return bool(updated) and has_kernels and all(fused_cuda.applies(p.data, g, c) for p, g, c in updated)
-
-    def bookkeeping(self) -> tuple[int, list[dict[str, Any]]]:
-        """The host-side record of the steps taken: step count and per-parameter state entries.
-
-        The arrays in it are the live state arrays, not copies: this is for undoing a step
-        whose kernels were skipped on the GPU (``restore_bookkeeping``), where those arrays
-        were left unchanged but counters had already moved and new buffers been allocated.
-        """
-        return self.step_count, [dict(s) for s in self.state]
-
-    def restore_bookkeeping(self, record: tuple[int, list[dict[str, Any]]]) -> None:
-        """Return the step count and the state entries to `record` (see ``bookkeeping``)."""
-        self.step_count, states = record
-        self.state = [dict(s) for s in states]
-
-    def step(
-        self,
-        rounded_copies: Sequence[Any] | None = None,
-        skip_if: Any = None,
-        grads: Sequence[Any] | None = None,
-        grad_scale: float | None = None,
-    ) -> None:
+    def step(self) -> None:
         """Update every parameter that has a gradient, in place.
 
         A parameter whose ``.grad`` is None (it took no part in the loss) is skipped and
         its state is left untouched, as in PyTorch.  A gradient whose shape or dtype
         differs from its parameter is an error, raised before any parameter changes.
-
-        `rounded_copies` (one entry per parameter, or None) are arrays to overwrite with
-        each updated parameter rounded once to their dtype: the model's float16 weights
-        when these parameters are FP32 masters.  On the GPU the update and that rounding
-        are one fused kernel (fused_cuda.py); elsewhere, the update, then the rounding.
-
-        `skip_if` (GPU only, with every update fused): a device int32 flag; the kernels
-        change nothing where it is nonzero.  The host does not wait to read it, so its own
-        counters move as if the step ran; the caller restores them (``bookkeeping``).
-
-        `grads` and `grad_scale` (GPU only, every update fused): gradients to read instead of
-        the ``.grad`` of the parameters, multiplied by `grad_scale` inside the kernels: the
-        model's float16 gradients, unscaled on the fly, so that FP32 master weights never need
-        a float32 copy of their gradients.
         """
-        fused_grads = grads is not None
-        grads = [p.grad for p in self.params] if grads is None else list(grads)
-        for p, name, g in zip(self.params, self.names, grads):
-            if g is not None and (g.shape != p.data.shape or (g.dtype != p.data.dtype and not fused_grads)):
+        for p, name in zip(self.params, self.names):
+            g = p.grad
+            if g is not None and (g.shape != p.data.shape or g.dtype != p.data.dtype):
                 raise GradientError(
                     f"parameter {name} has shape {p.data.shape} and dtype {p.data.dtype}, but its .grad has shape "
                     f"{g.shape} and dtype {g.dtype}; a gradient must match its parameter"
                 )
-        copies = rounded_copies if rounded_copies is not None else [None] * len(self.params)
-        if (skip_if is not None or fused_grads) and not self.fuses_every_update(copies, grads):
-            raise ValueError("skip_if and grads need every update fused on the GPU (check fuses_every_update first)")
         self.step_count += 1
-        for p, g, state, copy in zip(self.params, grads, self.state, copies):
-            if g is None:
+        for p, state in zip(self.params, self.state):
+            if p.grad is None:
                 continue
-            w = p.data
-            if fused_cuda.applies(w, g, copy) and self.fused_update(w, g, state, copy, skip_if, grad_scale):
-                continue
-            if accumulation_dtype(w.dtype) == w.dtype:
-                self.update(w, g, state)
-            else:  # 16-bit: compute in float32, round once on the way back
-                w32 = convert(w, np.float32)
-                self.update(w32, convert(g, np.float32), state)
-                convert(w32, w.dtype, out=w)
-            if copy is not None:
-                convert(w, copy.dtype, out=copy)  # one rounding, in place
+            if dtypes.is_16bit(p.dtype):  # computed in float32, rounded once on the way back
+                w32 = kernels.cast(p.data, dtypes.float32)
+                self.update(w32, kernels.cast(p.grad, dtypes.float32), state)
+                kernels.cast(w32, p.dtype, out=p.data)
+            else:
+                self.update(p.data, p.grad, state)
 
     def update(self, w: Any, g: Any, state: dict[str, Any]) -> None:
         """Change the array `w` in place from its gradient `g` (never modified) and its `state`."""
         raise NotImplementedError
-
-    def fused_update(
-        self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None, grad_scale: float | None = None
-    ) -> bool:
-        """``update`` and the rounding of `w` into `copy` as one GPU kernel; False if this optimizer has none.
-
-        `skip_if`: a device flag that, when nonzero, makes the kernel change nothing;
-        `grad_scale`: a factor for a float16 `g` (1/loss scale), applied in the kernel.
-        """
-        return False
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -210,7 +147,7 @@ class Optimizer:
                 f"the state_dict holds state for {len(states)} parameters; this optimizer has {len(self.params)}"
             )
         for p, name, saved, state in zip(self.params, self.names, state_dict["params"], states):
-            expected = accumulation_dtype(p.dtype)
+            expected = dtypes.accumulation_dtype(p.dtype)
             if tuple(saved["shape"]) != p.shape or saved["dtype"] != p.dtype.name:
                 raise OptimizerStateError(
                     f"parameter {name} has shape {p.shape} and dtype {p.dtype}, but the state_dict was saved for "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyamp.optim import fused_cuda
 from tinyamp.optim.optimizer import Optimizer, Params
 
 
@@ -51,11 +50,3 @@ class SGD(Optimizer):
                 buf += d
             d = d + mu * buf if self.nesterov else buf
         w -= self.lr * d
-
-    def fused_update(
-        self, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any = None, grad_scale: float | None = None
-    ) -> bool:
-        fused_cuda.sgd_step(
-            w, g, state, copy, self.lr, self.momentum, self.weight_decay, self.nesterov, skip_if, grad_scale
-        )
-        return True

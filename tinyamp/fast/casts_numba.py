@@ -1,23 +1,19 @@
-"""The two casts of half_casts.py as compiled loops, with numba (``pip install "tinyamp[fast]"``).
+"""Engine room: the two casts of casts.py as compiled loops, with numba (``pip install "tinyamp[fast]"``).
 
-Why a second version.  half_casts.py writes each cast as a dozen whole-array NumPy
-passes; every pass is its own loop through memory, so rounding costs about 1.1 to 1.6 ns
-per element and widening 0.3 to 0.5 ns, the floor for NumPy.  Here the same arithmetic
-is written for one element, the way the module docstring of half_casts.py explains it,
-and numba compiles the loop: the compiler keeps each element in registers through all
-the steps and vectorizes the loop, about 0.2 ns per element either way (measured on 1M
-values).  In a mixed-precision training step on a CPU these casts are most of the extra
-cost over FP32 (see the README's benchmarks), so this is the difference between about
-2x and about 1.2x the FP32 step.  The results are the same bits (tested against NumPy's
-``astype`` on every float16 pattern and every rounding boundary, as the NumPy passes are).
+casts.py runs each formula of ``tinyamp/rounding.py`` as a dozen whole-array passes, and
+every pass is its own trip through memory.  Here the same arithmetic is written for one
+element, and numba compiles the loop: each element stays in registers through all the
+steps, and the compiler vectorizes the loop.  The results are the same bits (tested
+against NumPy's ``astype`` on every float16 pattern and every rounding boundary);
+``benchmarks/cast_speed.py`` measures the speed.
 
 Each loop also notes whether any element needs NumPy's own cast (a float16 inf or NaN to
 widen; an |x| that rounds to inf, or an inf or NaN, to round); the caller then converts
 the whole array with NumPy, which keeps NaN payloads and raises NumPy's overflow warning.
 
-This module imports numba, so half_casts.py imports it only at the first large cast, not
-at ``import tinyamp``.  numba compiles each loop on its first call (about a second) and
-keeps the machine code in its on-disk cache for the next runs.
+This module imports numba, so casts.py imports it only at the first large cast, not at
+``import tinyamp``.  numba compiles each loop on its first call and keeps the machine code
+in its on-disk cache for the next runs.
 """
 
 from __future__ import annotations
@@ -25,15 +21,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tinyamp.ops.half_casts import (
-    _EXPONENT_FIELD,
-    _F16_INF_BITS,
-    _KEEP_SIGN_AND_MAGNITUDE,
-    _MANTISSA_WITH_CARRY,
-    _REBIAS,
-    _ROUNDS_TO_INF,
-    _SUBNORMAL_MAGIC,
-    _TO_FLOAT16_ULP,
+from tinyamp.rounding import (
+    EXPONENT_FIELD,
+    FLOAT16_INF_BITS,
+    KEEP_SIGN_AND_MAGNITUDE,
+    MANTISSA_WITH_CARRY,
+    REBIAS,
+    ROUNDS_TO_INF,
+    SUBNORMAL_MAGIC,
+    TO_FLOAT16_ULP,
 )
 
 _U32 = np.uint32
@@ -65,13 +61,13 @@ def round_bits(bits32: np.ndarray, bits16: np.ndarray) -> bool:  # pragma: no co
         x = bits32[i]
         magnitude = _U32(x & _U32(0x7FFFFFFF))  # |x|
         # 2^(E+13), at least 2^-1: its float32 ulp is float16's ulp at |x|
-        power = _U32(max(_U32((magnitude & _U32(_EXPONENT_FIELD)) + _U32(_TO_FLOAT16_ULP)), _U32(_SUBNORMAL_MAGIC)))
+        power = _U32(max(_U32((magnitude & _U32(EXPONENT_FIELD)) + _U32(TO_FLOAT16_ULP)), _U32(SUBNORMAL_MAGIC)))
         # float32 addition rounds |x| to that ulp, to nearest even
         total = np.float32(magnitude.view(np.float32) + power.view(np.float32)).view(np.uint32)
         # the exponent field onto float16's, plus M (|x| in float16 ulps), plus the sign, rebiased
         sign = (x >> _U32(16)) & _U32(0x8000)
-        bits16[i] = np.uint16((total >> _U32(13)) + (total & _U32(_MANTISSA_WITH_CARRY)) + sign - _U32(_REBIAS))
-    return largest >= _U32(_ROUNDS_TO_INF)  # overflow, inf or NaN somewhere: NumPy's cast
+        bits16[i] = np.uint16((total >> _U32(13)) + (total & _U32(MANTISSA_WITH_CARRY)) + sign - _U32(REBIAS))
+    return largest >= _U32(ROUNDS_TO_INF)  # overflow, inf or NaN somewhere: NumPy's cast
 
 
 @_compile
@@ -83,9 +79,9 @@ def widen_bits(bits16: np.ndarray, out: np.ndarray) -> bool:  # pragma: no cover
     for i in range(bits16.size):
         # as int32 (the sign copied into bits 16-31), shifted by 13: the magnitude lands on
         # float32's exponent and mantissa fields; clear bits 28-30, keep the sign in bit 31
-        w = np.int32((np.int32(bits16[i]) << 13) & _KEEP_SIGN_AND_MAGNITUDE)
+        w = np.int32((np.int32(bits16[i]) << 13) & KEEP_SIGN_AND_MAGNITUDE)
         out[i] = w.view(np.float32) * _TWO_TO_112  # exact: a power of two
-    return largest >= _F16_INF_BITS  # inf or NaN somewhere: NumPy's cast keeps NaN payloads
+    return largest >= FLOAT16_INF_BITS  # inf or NaN somewhere: NumPy's cast keeps NaN payloads
 
 
 def round_to_float16(x: np.ndarray, out: np.ndarray) -> np.ndarray:

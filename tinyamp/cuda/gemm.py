@@ -1,11 +1,12 @@
-"""FP16 x FP16 -> FP32-accumulate matrix products on the GPU: one cuBLAS GemmEx call each.
+"""Engine room: FP16 x FP16 -> FP32-accumulate matrix products on the GPU, one cuBLAS GemmEx call each.
 
 CuPy's own ``@`` does this for 2-D float16 arrays, but a 3-D float16 ``cupy.matmul``
 upcasts to float32 and skips the Tensor Cores, and it cannot return a float32 result
 without rounding through float16 first.  So tinyamp calls cuBLAS itself:
 ``cublasGemmEx`` (2-D) or ``cublasGemmStridedBatchedEx`` (batched) with float16
 operands, ``CUBLAS_COMPUTE_32F`` (products summed in float32) and a float16 or float32
-output, rounded once.  These are the numerics tinyamp emulates on NumPy (matmul.py).
+output, rounded once: the numerics of ``tinyamp.kernels.product``, which ``product`` here
+answers for two float16 CuPy arrays.
 
 Row-major arrays in a column-major library.  cuBLAS reads a matrix column by column; a
 C-contiguous (rows, cols) array read that way is its transpose, (cols, rows), with leading
@@ -26,6 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinyamp import backend
+from tinyamp.cuda.device import on_gpu
 
 _FLOAT16, _FLOAT32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -58,11 +60,21 @@ class GemmPlan(NamedTuple):
     batch: int
 
 
-def applies(a: Any, b: Any) -> bool:
-    """True when a @ b should go through GemmEx: two float16 CuPy arrays with at least 2 axes."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return False
-    return a.dtype == _FLOAT16 and b.dtype == _FLOAT16 and a.ndim >= 2 and b.ndim >= 2
+def product(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
+    """``tinyamp.kernels.product`` on Tensor Cores for two float16 CuPy arrays; NotImplemented otherwise.
+
+    Rows (or one vector) times one matrix, (..., K) @ (K, N), is one 2-D GemmEx on the
+    flattened rows (a Linear); a bias is fused into such calls when it is no wider than the output.
+    """
+    if not (a.dtype == b.dtype == _FLOAT16 and np.dtype(out_dtype) in (_FLOAT16, _FLOAT32) and on_gpu(a, b)):
+        return NotImplemented
+    if bias is not None and (b.ndim != 2 or bias.dtype.itemsize > np.dtype(out_dtype).itemsize):
+        return NotImplemented
+    if b.ndim == 2 and a.ndim != 2:
+        return matmul(a.reshape(-1, a.shape[-1]), b, out_dtype, bias).reshape(a.shape[:-1] + (b.shape[-1],))
+    if a.ndim < 2 or b.ndim < 2:
+        return NotImplemented
+    return matmul(a, b, out_dtype, bias=bias)
 
 
 def _matrix_stack(x: Any, batch_shape: tuple[int, ...]) -> Operand:

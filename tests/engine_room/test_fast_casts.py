@@ -1,4 +1,4 @@
-"""The branch-free float16 <-> float32 casts return exactly the bits NumPy's astype returns.
+"""The engine room's float16 <-> float32 casts return exactly the bits NumPy's astype returns.
 
 Every test runs twice: with the NumPy passes and with the compiled loops (numba; skipped
 where numba is not installed).
@@ -16,30 +16,22 @@ import pytest
 from hypothesis import given
 from strategies import float16_bit_patterns, float32_bit_patterns
 
-from tinyamp.ops import half_casts
-from tinyamp.ops.casting import convert
-from tinyamp.ops.half_casts import (
-    BLOCK,
-    SMALL,
-    astype,
-    fast_cast_applies,
-    half_arithmetic,
-    round_to_float16,
-    widen_float16,
-)
+from tinyamp import kernels
+from tinyamp.fast import casts
+from tinyamp.fast.casts import BLOCK, SMALL, add, cast, fast_cast_applies, round_to_float16, widen_float16
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 
-@pytest.fixture(scope="module", params=half_casts.KERNELS, autouse=True)
+@pytest.fixture(scope="module", params=casts.KERNELS, autouse=True)
 def cast_kernels(request: pytest.FixtureRequest) -> Any:
     """Run the module's tests with each implementation of the casts."""
     try:
-        previous = half_casts.set_kernels(request.param)
+        previous = casts.set_kernels(request.param)
     except ImportError as e:
         pytest.skip(str(e))
     yield request.param
-    half_casts.set_kernels(previous)
+    casts.set_kernels(previous)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -125,9 +117,9 @@ def test_convert_routes_large_contiguous_arrays_only() -> None:
     assert not fast_cast_applies(big, np.dtype(np.float64))
     rng = np.random.default_rng(1)
     for x in (rng.standard_normal((64, 128)).astype(F32), rng.standard_normal((64, 128)).astype(F32)[:, ::2]):
-        assert same_bits(convert(x, F16), x.astype(F16))
+        assert same_bits(cast(x, F16), x.astype(F16))
         out = np.empty(x.shape, F16)
-        assert convert(x, F16, out=out) is out and same_bits(out, x.astype(F16))
+        assert cast(x, F16, out) is out and same_bits(out, x.astype(F16))
 
 
 @pytest.mark.skipif(not os.environ.get("TINYAMP_EXHAUSTIVE"), reason="every float32 (8 min): TINYAMP_EXHAUSTIVE=1")
@@ -138,28 +130,32 @@ def test_round_every_float32() -> None:
             assert same_bits(round_to_float16(x), x.astype(F16)), f"block at {high:#x}"
 
 
-@pytest.mark.parametrize("layout", ["large", "small", "strided"])
+@pytest.mark.parametrize("layout", ["large", "small", "strided", "transposed"])
 @pytest.mark.parametrize("pair", [(F32, F16), (F16, F32), (F32, F32)])
 def test_astype_returns_numpys_bits(layout: str, pair: tuple[np.dtype, np.dtype]) -> None:
-    """``half_casts.astype`` is NumPy's ``astype(copy=False)`` whichever path it takes (gradients of every size)."""
+    """``casts.astype`` is NumPy's ``astype(copy=False)`` whichever path it takes (gradients of every size)."""
     source, target = pair
     rng = np.random.default_rng(3)
-    n = {"large": 3 * BLOCK + 17, "small": SMALL // 2, "strided": 2 * SMALL}[layout]
+    n = {"large": 3 * BLOCK + 17, "small": SMALL // 2, "strided": 2 * SMALL, "transposed": 64 * SMALL}[layout]
     x = (rng.standard_normal(n) * rng.choice([1e-7, 1e-3, 1.0, 300.0], size=n)).astype(source)
     x[::7] = 0
     if layout == "strided":
         x = x[::2]
-    out = astype(x, target)
+    if layout == "transposed":  # a BLAS operand such as rows.T: cast through the array under the view
+        x = x.reshape(64, -1).T
+    out = cast(x, target)
     assert same_bits(out, x.astype(target))
+    if layout == "transposed":
+        assert out.strides == x.astype(target).strides  # the same layout as NumPy's cast (order "K")
     if source == target:
         assert out is x  # no copy, as astype(copy=False)
 
 
-@pytest.mark.parametrize("op", [operator.add, operator.sub, operator.mul, operator.truediv])
 @pytest.mark.parametrize("shapes", [((64, 128), (64, 128)), ((64, 128), (128,)), ((1, 128), (64, 1))])
-def test_half_arithmetic_returns_numpys_float16_bits(op: Any, shapes: tuple) -> None:
-    """The vectorized float16 arithmetic gives what NumPy's scalar float16 loop gives, bit for bit,
+def test_add_returns_numpys_float16_bits(shapes: tuple) -> None:
+    """The vectorized float16 add gives what NumPy's scalar float16 loop gives, bit for bit,
     on normals, subnormals, zeros, infinities, NaNs and results that overflow."""
+    op = operator.add
     rng = np.random.default_rng(4)
     a, b = ((rng.standard_normal(s) * rng.choice([1e-7, 1e-4, 1.0, 3e2, 1e4], size=s)).astype(F16) for s in shapes)
     a.reshape(-1)[::11] = 0
@@ -167,15 +163,18 @@ def test_half_arithmetic_returns_numpys_float16_bits(op: Any, shapes: tuple) -> 
     b.reshape(-1)[3::89] = np.nan
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got, want = half_arithmetic(op, a, b), op(a, b)
+        got, want = kernels.add(a, b), op(a, b)
+        engine = add(a, b)
     assert want.size >= SMALL and got.dtype == F16
     assert same_bits(got, want)
+    assert (engine is NotImplemented) == (max(a.size, b.size) < SMALL)  # two small operands: NumPy's own loop
 
 
-def test_half_arithmetic_leaves_other_operands_to_numpy() -> None:
+def test_add_leaves_other_operands_to_the_reference() -> None:
     x = np.arange(SMALL, dtype=F16)
-    assert half_arithmetic(operator.mul, x, 0.5).dtype == F16  # a Python scalar: NumPy's rules
-    assert half_arithmetic(operator.add, x, x.astype(F32)).dtype == F32  # mixed: NumPy promotes
+    assert add(x, 0.5) is NotImplemented  # a Python scalar: NumPy's rules, in the reference
+    assert add(x, x.astype(F32)) is NotImplemented  # mixed: NumPy promotes, in the reference
+    assert add(x[:8], x[:8]) is NotImplemented  # small: NumPy's own loop is cheaper
 
 
 @pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan, -np.nan])

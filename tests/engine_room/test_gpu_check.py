@@ -16,7 +16,7 @@ import pytest
 
 import tinyamp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SECTIONS = ("env", "matmul", "mlp", "transformer", "overhead", "torch-amp", "cli", "tests")
 # the timings (seconds) each measuring section must report; torch-amp only where PyTorch is installed

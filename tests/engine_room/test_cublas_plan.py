@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from strategies import tensor_core_shape_pairs
 
 import tinyamp as ta
-from tinyamp.ops import cublas_gemm
+from tinyamp.cuda import gemm as cublas_gemm
 from tinyamp.ops.matmul import MatMul
 
 
@@ -80,7 +80,7 @@ def test_a_single_matrix_serves_every_batch_entry_with_stride_zero() -> None:
 
 def test_only_float16_arrays_on_the_gpu_apply() -> None:
     a16 = np.ones((2, 2), np.float16)
-    assert not cublas_gemm.applies(a16, a16)  # NumPy arrays: the emulation in matmul.py
+    assert cublas_gemm.product(a16, a16, np.float16) is NotImplemented  # NumPy arrays: kernels.product's reference
 
 
 def test_mismatched_inner_dimensions_are_refused() -> None:
@@ -103,7 +103,7 @@ def test_empty_products_are_zeros_without_a_call() -> None:
     assert cublas_gemm.matmul(np.ones((3, 2, 0), f16), np.ones((0, 4), f16), np.float32).shape == (3, 2, 4)
 
 
-# ---- the GPU branches of matmul.py, run on the CPU through a NumPy stand-in for cuBLAS ---------------
+# ---- the cuBLAS path of every product, run on the CPU through a NumPy stand-in for cuBLAS ------------
 def fake_call(p: cublas_gemm.GemmPlan, a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float) -> None:
     """What one cuBLAS call would write into `c`: the column-major product (+ beta * c), rounded once."""
     wide = c.astype(np.float64) if beta else np.zeros(c.shape)
@@ -113,20 +113,17 @@ def fake_call(p: cublas_gemm.GemmPlan, a: np.ndarray, b: np.ndarray, c: np.ndarr
 
 @pytest.fixture
 def cublas_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[cublas_gemm.GemmPlan]:
-    """Route float16 NumPy products through cublas_gemm, as CuPy arrays would be, with fake_call as cuBLAS.
+    """Route float16 NumPy products through cuda/gemm.py, as CuPy arrays would be, with fake_call as cuBLAS.
 
-    Returns the list of plans "sent to cuBLAS", so a test can check the GPU branch really ran.
+    Returns the list of plans "sent to cuBLAS", so a test can check the GPU path really ran.
     """
     calls: list[cublas_gemm.GemmPlan] = []
-
-    def applies(a: object, b: object) -> bool:
-        return all(isinstance(x, np.ndarray) and x.dtype == np.float16 and x.ndim >= 2 for x in (a, b))
 
     def call(p: cublas_gemm.GemmPlan, a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float) -> None:
         calls.append(p)
         fake_call(p, a, b, c, beta)
 
-    monkeypatch.setattr(cublas_gemm, "applies", applies)
+    monkeypatch.setattr(cublas_gemm, "on_gpu", lambda *arrays: all(isinstance(x, np.ndarray) for x in arrays))
     monkeypatch.setattr(cublas_gemm, "_call", call)
     return calls
 
@@ -141,11 +138,11 @@ def integers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         ((3, 4), (4, 5), 3),
         ((2, 3, 4), (2, 4, 5), 3),
         ((2, 3, 4), (4, 5), 3),  # grad of the shared matrix: one product of flattened rows
-        ((3, 4), (2, 4, 5), 2),  # grad of the shared matrix sums over the batch: emulated, then summed
-        ((2, 1, 3, 4), (1, 2, 4, 5), 1),  # both gradients sum over broadcast axes
+        ((3, 4), (2, 4, 5), 3),  # grad of the shared matrix sums over the batch: float32 products, then summed
+        ((2, 1, 3, 4), (1, 2, 4, 5), 3),  # both gradients sum over broadcast axes
     ],
 )
-def test_the_gpu_branch_of_matmul_gives_the_emulations_bits(
+def test_the_cublas_path_of_matmul_gives_the_references_bits(
     cublas_on_numpy: list, a_shape, b_shape, gemm_calls: int
 ) -> None:
     rng = np.random.default_rng(0)
@@ -165,12 +162,12 @@ def test_the_gpu_branch_of_matmul_gives_the_emulations_bits(
         grad = grad.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1), keepdims=True)
         assert got.dtype == np.float16
         np.testing.assert_array_equal(got, grad.astype(np.float16))
-    # forward and both gradients through cuBLAS, except a gradient summed over broadcast batch axes
+    # forward and both gradients through cuBLAS (a gradient summed over batch axes with a float32 output)
     assert len(cublas_on_numpy) == gemm_calls
 
 
 @pytest.mark.parametrize("x_shape", [(6, 4), (2, 3, 4), (4,)])
-def test_the_gpu_branch_of_linear_fuses_the_bias_and_transposes_by_flag(cublas_on_numpy: list, x_shape) -> None:
+def test_the_cublas_path_of_linear_fuses_the_bias_and_transposes_by_flag(cublas_on_numpy: list, x_shape) -> None:
     rng = np.random.default_rng(1)
     x, w, bias = integers(rng, x_shape), integers(rng, (5, 4)), integers(rng, (5,))
     tx, tw, tb = (ta.tensor(v, requires_grad=True) for v in (x, w, bias))

@@ -547,12 +547,6 @@ class ElementwiseKernel:
         self.name = name
 
     def __call__(self, *args, **kwargs):
-        if self.name == "tinyamp_uniform":
-            from tinyamp.random import _uniform_numpy
-
-            key, start, u = args
-            u._a[...] = _uniform_numpy(int(key), int(start), u.size)
-            return u
         _violation(f"strict CuPy stand-in: ElementwiseKernel {self.name} cannot run here", NotImplementedError)
 
 

@@ -1,6 +1,8 @@
-"""The fused GPU kernels give the NumPy path's bits: master-weight updates and unscaling.
+"""The fused GPU kernels give the reference's bits: master-weight updates, unscaling, a whole scaler step.
 
-The GPU tests skip without CUDA; the CPU test pins the semantics both paths share.
+The GPU tests skip without CUDA; the host-side logic around the kernels (which path runs,
+the skip flag the update kernels read, the counters rolled back, the one read per step)
+runs on the CPU with NumPy stand-ins for the kernels.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import numpy as np
 import pytest
 
 import tinyamp as ta
-from tinyamp import nn, optim
+from tinyamp import kernels, nn, optim
 from tinyamp.amp import LossScaler, MasterWeights, autocast
 from tinyamp.backend import to_device
+from tinyamp.cuda import gemm, master_update, scaler_step, unscale
 
 needs_cuda = pytest.mark.skipif(not ta.cuda_is_available(), reason="needs CuPy and a CUDA GPU")
 
@@ -47,14 +50,6 @@ def train(device: str, make_optimizer: Any, steps: int = 4) -> tuple[list[np.nda
     return host, masters, reports
 
 
-def test_rounded_copies_are_the_rounded_updated_parameters() -> None:
-    w = ta.tensor(np.linspace(-1, 1, 6, dtype=np.float32), requires_grad=True)
-    w.grad = np.full(6, 0.3, np.float32)
-    copy = np.zeros(6, np.float16)
-    optim.SGD([w], lr=0.1).step(rounded_copies=[copy])
-    assert copy.tobytes() == w.data.astype(np.float16).tobytes()
-
-
 @needs_cuda
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_fused_master_updates_give_the_cpu_bits(name: str) -> None:
@@ -69,14 +64,20 @@ def test_fused_master_updates_give_the_cpu_bits(name: str) -> None:
 
 
 def updated(name: str, w0: np.ndarray, grads: list[np.ndarray], device: str) -> list[np.ndarray]:
-    """Steps of optimizer `name` on master `w0` with rounded copies, on `device`: the master,
-    the float16 copy and every moment array, on the host."""
+    """Steps of optimizer `name` on master `w0`, each rounded into a float16 copy, on `device`: the
+    master, the copy and every moment array, on the host.  On the GPU each step is one fused kernel."""
     master = ta.tensor(w0, device=device, requires_grad=True)
     opt = OPTIMIZERS[name]([("w", master)])
     copy = ta.tensor(w0.astype(np.float16), device=device).data
     for g in grads:
-        master.grad = ta.tensor(g, device=device).data
-        opt.step(rounded_copies=[copy])
+        g = ta.tensor(g, device=device).data
+        if device == "cpu":  # the reference: the optimizer's update, then one rounding
+            master.grad = g
+            opt.step()
+            kernels.cast(master.data, np.float16, out=copy)
+        else:
+            opt.step_count += 1
+            master_update.fused_update(opt, master.data, g, opt.state[0], copy, None, None)
     moments = [v for v in opt.state[0].values() if hasattr(v, "shape")]
     return [to_device(a, "cpu") for a in (master.data, copy, *moments)]
 
@@ -124,28 +125,13 @@ def test_fused_unscale_gives_the_cpu_bits_and_flags_the_nonfinite(dtype: Any) ->
         assert x.tobytes() == y.tobytes()
 
 
-def test_bookkeeping_restores_counters_and_drops_state_created_by_the_step() -> None:
-    w = ta.tensor(np.ones(4, np.float32), requires_grad=True)
-    opt = optim.Adam([w], lr=0.1)
-    record = opt.bookkeeping()
-    w.grad = np.ones(4, np.float32)
-    opt.step()
-    assert opt.step_count == 1 and opt.state[0]["step"] == 1
-    opt.restore_bookkeeping(record)
-    assert opt.step_count == 0 and opt.state == [{}]  # the moments created by the step are gone
-
-
-def test_a_device_skip_flag_needs_fused_updates() -> None:
-    w = ta.tensor(np.ones(4, np.float32), requires_grad=True)
-    w.grad = np.ones(4, np.float32)
-    opt = optim.SGD([w], lr=0.1)
-    with pytest.raises(ValueError, match="skip_if and grads need every update fused"):
-        opt.step(rounded_copies=[np.zeros(4, np.float16)], skip_if=np.zeros((), np.int32))
-    assert opt.step_count == 0 and w.data[0] == 1.0  # refused before anything changed
+def test_on_the_cpu_the_scaler_steps_on_the_host() -> None:
+    """NumPy arrays: the GPU strategy does not apply, and LossScaler.step runs its own host-side code."""
     model = nn.MLP([3, 2]).half()
     masters = MasterWeights(optim.SGD(model.parameters(), lr=0.1), track_lost_updates=False)
     model(ta.tensor(np.ones((1, 3), np.float16))).sum().backward()
-    assert not masters.fuses_every_update()  # NumPy arrays: the CPU path, decided on the host
+    assert scaler_step.step_on_device(masters, 1.0) is NotImplemented
+    assert kernels.step_on_device(masters, 1.0) is NotImplemented
 
 
 @needs_cuda
@@ -165,7 +151,7 @@ def test_an_overflow_skipped_on_the_gpu_changes_nothing_and_rolls_back_the_count
         scaler.scale_loss(loss).backward()
         if poison:
             model.parameters()[0].grad[0, 0] = np.inf
-        assert opt.updates_from_model_grads()  # the GPU-decided path, from the float16 gradients, is under test
+        assert scaler_step._applies(opt)  # the GPU-decided path, from the float16 gradients, is under test
         return scaler.step(opt)
 
     one_step(False)  # creates the optimizer state
@@ -223,9 +209,8 @@ def fake_adam(g, beta1, beta2, omb1, omb2, bc2, eps, step_size, wd, decay, decou
         w16[...] = w.astype(np.float16)
 
 
-def fake_unscale(inverse, g, flag):  # noqa: ANN001, ANN202
-    g[...] = g.astype(np.float32) * inverse
-    flag[...] = int(not np.isfinite(g).all())
+def fake_multiply(factor, g):  # noqa: ANN001, ANN202
+    g[...] = g.astype(np.float32) * factor
 
 
 def fake_squares(g):  # noqa: ANN001, ANN202
@@ -241,9 +226,6 @@ def fake_scaled_squares(g, inverse):  # noqa: ANN001, ANN202
 @pytest.fixture
 def kernels_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Send float32 masters with float16 copies, and float16/float32 gradients, down the GPU code paths."""
-    from tinyamp.amp import unscale_cuda
-    from tinyamp.optim import fused_cuda
-
     launched: list[str] = []
 
     def logged(name: str, fn: Any) -> Any:
@@ -260,14 +242,16 @@ def kernels_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return run
 
     fakes = {"sgd": fake_sgd, "sgd_momentum": fake_sgd_momentum, "adam": fake_adam}
-    kernels = {(name, False): logged(name, fn) for name, fn in fakes.items()}
-    kernels.update({(name, True): logged(name + " from float16", from_float16(fn)) for name, fn in fakes.items()})
-    monkeypatch.setattr(fused_cuda, "applies", lambda w, g, copy: copy is not None and w.dtype == np.float32
-                        and g.dtype in (np.float16, np.float32) and copy.dtype == np.float16)  # fmt: skip
-    monkeypatch.setattr(fused_cuda, "_kernels", lambda: kernels)
-    monkeypatch.setattr(unscale_cuda, "applies", lambda g: g.dtype in (np.float16, np.float32))
-    kernels3 = (logged("unscale", fake_unscale), fake_squares, logged("scaled squares", fake_scaled_squares))
-    monkeypatch.setattr(unscale_cuda, "_kernels", lambda: kernels3)
+    update_kernels = {(name, False): logged(name, fn) for name, fn in fakes.items()}
+    update_kernels.update(
+        {(name, True): logged(name + " from float16", from_float16(fn)) for name, fn in fakes.items()}
+    )
+    numpy_is_the_gpu = lambda *arrays: all(isinstance(x, np.ndarray) for x in arrays)  # noqa: E731
+    for module in (master_update, unscale):
+        monkeypatch.setattr(module, "on_gpu", numpy_is_the_gpu)
+    monkeypatch.setattr(master_update, "_kernels", lambda: update_kernels)
+    three = (logged("multiply", fake_multiply), fake_squares, logged("scaled squares", fake_scaled_squares))
+    monkeypatch.setattr(unscale, "_kernels", lambda: three)
     return launched
 
 
@@ -295,20 +279,15 @@ def short_run(name: str, poison_step: int | None) -> tuple[list[bytes], list[Any
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("poison_step", [None, 0, 2])
-@pytest.mark.parametrize("gradients", ["read from the model", "gathered into the masters"])
 def test_the_gpu_path_decides_skips_on_the_device_and_matches_the_cpu_path(
-    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch, name: str, poison_step: int | None, gradients: str
+    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch, name: str, poison_step: int | None
 ) -> None:
-    if gradients == "gathered into the masters":  # as when some parameter is its own (float32) master
-        monkeypatch.setattr(MasterWeights, "updates_from_model_grads", lambda self: False)
     gpu_style = short_run(name, poison_step)
     kernel = "adam" if "adam" in name else ("sgd_momentum" if "momentum" in name or "nesterov" in name else "sgd")
-    if gradients == "read from the model":  # no float32 gradient: float16 ones read twice, written never
-        assert kernels_on_numpy.count("scaled squares") == 4 * 4 and "unscale" not in kernels_on_numpy
-        assert kernel + " from float16" in kernels_on_numpy
-    else:
-        assert kernels_on_numpy.count("unscale") == 4 * 4 and kernel in kernels_on_numpy  # 4 steps x 4 gradients
-    monkeypatch.undo()  # the plain CPU path: host-side skip, NumPy updates, rounding after
+    # no float32 gradient: the float16 ones are read twice (4 steps x 4 gradients), written never
+    assert kernels_on_numpy.count("scaled squares") == 4 * 4 and "multiply" not in kernels_on_numpy
+    assert kernel + " from float16" in kernels_on_numpy
+    monkeypatch.undo()  # the reference: host-side skip, NumPy updates, rounding after
     cpu_style = short_run(name, poison_step)
     assert gpu_style == cpu_style
     if poison_step is not None:
@@ -323,7 +302,6 @@ def test_a_mixed_precision_run_of_the_demo_goes_through_every_gpu_path(
 
     from tinyamp.experiments.runner import run_regime
     from tinyamp.experiments.tasks import DigitsMLP
-    from tinyamp.ops import cublas_gemm
 
     products: list[Any] = []
 
@@ -331,9 +309,8 @@ def test_a_mixed_precision_run_of_the_demo_goes_through_every_gpu_path(
         products.append(p)
         fake_call(p, a, b, c, beta)
 
-    monkeypatch.setattr(cublas_gemm, "applies", lambda a, b: all(
-        isinstance(x, np.ndarray) and x.dtype == np.float16 and x.ndim >= 2 for x in (a, b)))  # fmt: skip
-    monkeypatch.setattr(cublas_gemm, "_call", call)
+    monkeypatch.setattr(gemm, "on_gpu", lambda *arrays: all(isinstance(x, np.ndarray) for x in arrays))
+    monkeypatch.setattr(gemm, "_call", call)
     result, setup = run_regime(DigitsMLP(hidden=(32,)), "mixed", steps=40, measure_every=20)
     assert products and "sgd_momentum from float16" in kernels_on_numpy and "scaled squares" in kernels_on_numpy
     assert np.isfinite(result.metrics["train_loss"]) and result.metrics["accuracy"] > 0.5

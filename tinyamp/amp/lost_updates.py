@@ -1,0 +1,63 @@
+"""Lost updates: an update added to a 16-bit weight that leaves the weight unchanged.
+
+float16 keeps 11 significant bits, so $1 + 2^{-11}$ rounds back to 1.  For a normal
+weight w and a nonzero update $\\Delta$, with round to nearest, ties to even:
+
+* only a small update is lost: $|\\Delta|$ is then at most half the gap from w to its
+  neighbour in the update's direction, which is at most half an ulp of w, $|w| / 2048$;
+* every update of at most $|w| / 4096$ is lost.  Away from zero, and toward zero from a
+  weight that is not a power of two, half the gap is half an ulp, more than $|w| / 4096$;
+  toward zero from a power of two the gap is half an ulp, so half of it is exactly
+  $|w| / 4096$, a tie that rounds to the power of two (its mantissa is even).
+  So $w = 1$ loses $\\Delta = +2^{-11}$ (a tie, kept at 1) but not $-2^{-11}$:
+  $1 - 2^{-11}$ is a float16 value.
+
+Micikevicius et al. (2018) sum this up as "a weight 2048 times its update".  bfloat16,
+with 8 significant bits, loses updates from 256 (some) and 512 (all) times smaller.
+
+``lost_updates`` is the one definition tinyamp uses: for ``MasterWeights.history``, the
+demo's measure of naive FP16 training, and ``formats.update_is_lost``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from tinyamp import kernels
+
+
+def lost_updates(weight: Any, update: Any) -> Any:
+    """Where the float32 `update`, applied to the 16-bit `weight`, leaves it unchanged (a bool array).
+
+    The arithmetic is that of tinyamp's optimizers on a 16-bit weight: widen the weight
+    (exact), add the update in float32, round once to the weight's format.  An update of 0
+    is not counted as lost.
+    """
+    rounded = kernels.cast(kernels.widen(weight) + update, weight.dtype)
+    return (update != 0) & (rounded == weight)
+
+
+class UpdateRecord(NamedTuple):
+    """What one step did to the 16-bit weights, in element counts (over the parameters with a master copy).
+
+    ``changed``: elements whose master changed.  Of those, ``lost``: the update
+    Δ = master_new - master_old would have been lost had it been added to the 16-bit weight
+    directly (``lost_updates``); and ``unchanged``: the 16-bit copy did not change this step
+    (the update waits in the master until it adds up).
+    """
+
+    step: int
+    changed: int
+    lost: int
+    unchanged: int
+
+    @property
+    def lost_update_fraction(self) -> float:
+        """lost / changed (NaN when no master changed: nothing to measure)."""
+        return self.lost / self.changed if self.changed else math.nan
+
+    @property
+    def unchanged_fraction(self) -> float:
+        """unchanged / changed (NaN when no master changed)."""
+        return self.unchanged / self.changed if self.changed else math.nan

@@ -1,0 +1,120 @@
+"""What MasterWeights checks: the optimizer it wraps, and the checkpoints it loads.
+
+A checkpoint that does not fit (other parameter names, shapes or dtypes; a history of the
+wrong shape) is refused before anything changes, with every problem named.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tinyamp import backend, dtypes
+from tinyamp.amp.lost_updates import UpdateRecord
+from tinyamp.optim.optimizer import Optimizer
+
+if TYPE_CHECKING:
+    from tinyamp.amp.master import MasterWeights
+
+
+class MasterWeightsStateError(ValueError):
+    """A MasterWeights state_dict that does not fit these parameters (names, shapes, dtypes)."""
+
+
+def checked_master_dtype(optimizer: Any, master_dtype: Any) -> np.dtype:
+    """`master_dtype` resolved, once `optimizer` is known to be one MasterWeights can wrap (else a clear error)."""
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(
+            f"MasterWeights wraps a tinyamp.optim optimizer (SGD, Adam, AdamW); got {type(optimizer).__name__}"
+        )
+    if getattr(optimizer, "_master_weights", None) is not None:
+        raise ValueError(
+            f"this {type(optimizer).__name__} is already wrapped by a MasterWeights, so its params are float32 "
+            "masters already; wrap each optimizer once (use the existing MasterWeights)"
+        )
+    dt = dtypes.resolve(master_dtype)
+    if dt is None or not dtypes.is_floating(dt) or dt.itemsize < 4:
+        raise ValueError(
+            f"master_dtype={master_dtype!r}: a master copy must be float32 (or float64), wider than the "
+            "16-bit weights it keeps; in a 16-bit master, small updates are lost exactly as in the weights"
+        )
+    params, names = optimizer.params, optimizer.names
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"parameter names must be unique to tell the masters apart; {twice} appear twice")
+    for p, name in zip(params, names):
+        if p.dtype.itemsize > dt.itemsize:
+            raise ValueError(
+                f"parameter {name} (shape {p.shape}) is {p.dtype}, wider than master_dtype {dt}: a master copy "
+                f"must be at least as wide as its parameter; use master_dtype={p.dtype.name!r}"
+            )
+    if all(p.dtype == dt for p in params):
+        raise ValueError(
+            f"every parameter is already {dt}, so master_dtype {dt} is not wider than the parameters and there "
+            "is nothing to keep a master copy of; cast the model to float16 first, or use the optimizer directly"
+        )
+    return dt
+
+
+def state_dict(mw: MasterWeights) -> dict[str, Any]:
+    """The masters (copied), the inner optimizer's state_dict and the update history as an int64 array."""
+    fields = len(UpdateRecord._fields)
+    return {
+        "kind": "MasterWeights",
+        "master_dtype": mw.master_dtype.name,
+        "params": [
+            {"name": n, "shape": model.shape, "model_dtype": model.dtype.name, "shared": master is model}
+            for n, model, master in zip(mw.names, mw.model_params, mw.master_params)
+        ],
+        "master": {n: m.data.copy() for n, m in zip(mw.names, mw.master_params)},
+        "optimizer": mw.optimizer.state_dict(),
+        "history": np.array(mw.history, dtype=np.int64).reshape(-1, fields),
+    }
+
+
+def load(mw: MasterWeights, state_dict: dict[str, Any]) -> list[UpdateRecord]:
+    """Check `state_dict` against `mw`, load the masters and the inner optimizer; return the history.
+
+    Raises MasterWeightsStateError (or the optimizer's OptimizerStateError) before anything changes.
+    """
+    kind = state_dict.get("kind") if isinstance(state_dict, dict) else None
+    if kind != "MasterWeights":
+        found = state_dict.get("optimizer") if isinstance(state_dict, dict) else type(state_dict).__name__
+        raise MasterWeightsStateError(
+            f"this is not a MasterWeights state_dict (it looks like one of {found!r}); a plain optimizer's "
+            f"state goes into optimizer.load_state_dict, not into a MasterWeights"
+        )
+    problems = []
+    if state_dict["master_dtype"] != mw.master_dtype.name:
+        problems.append(f"the masters were saved as {state_dict['master_dtype']}; these are {mw.master_dtype}")
+    saved_params, masters = state_dict["params"], state_dict["master"]
+    saved_names = [saved["name"] for saved in saved_params]
+    if saved_names != mw.names or list(masters) != mw.names:
+        problems.append(f"the state_dict was saved for parameters {saved_names}; this MasterWeights has {mw.names}")
+    else:
+        for name, model, master, saved in zip(mw.names, mw.model_params, mw.master_params, saved_params):
+            value = masters[name]
+            if tuple(saved["shape"]) != model.shape:
+                problems.append(
+                    f"parameter {name} has shape {model.shape}; the state_dict has shape {tuple(saved['shape'])}"
+                )
+            elif saved["model_dtype"] != model.dtype.name:
+                problems.append(
+                    f"parameter {name} is {model.dtype}, but the state_dict was saved from a "
+                    f"{saved['model_dtype']} model; cast the model's parameters to {saved['model_dtype']} first"
+                )
+            elif not backend.is_array(value) or value.shape != master.shape or value.dtype != master.dtype:
+                got = f"{value.shape} {value.dtype}" if backend.is_array(value) else type(value).__name__
+                problems.append(f"master of {name}: expected {master.shape} {master.dtype}, got {got}")
+    fields = len(UpdateRecord._fields)
+    history = state_dict.get("history")
+    history = np.zeros((0, fields), np.int64) if history is None else backend.to_device(history, "cpu")
+    if not (backend.is_array(history) and history.ndim == 2 and history.shape[1] == fields):
+        problems.append(f"history: expected an array of shape (steps, {fields})")
+    if problems:
+        raise MasterWeightsStateError("cannot load the MasterWeights state_dict:\n  " + "\n  ".join(problems))
+    mw.optimizer.load_state_dict(state_dict["optimizer"])  # checks first; raises before changing anything
+    for name, master in zip(mw.names, mw.master_params):
+        master.data[...] = backend.to_device(masters[name], master.device)
+    return [UpdateRecord(*(int(x) for x in row)) for row in history]

@@ -1,0 +1,35 @@
+"""The engine room, GPU side: cuBLAS Tensor Core products and fused CUDA kernels, for CuPy arrays.
+
+Not on the reading path.  Importing this package never imports CuPy; each function answers
+for ``tinyamp.kernels`` only for CuPy arrays (``device.on_gpu``) and returns ``NotImplemented``
+otherwise, so on a CPU the reference runs.  The CuPy kernels repeat the reference's float32
+arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they give its bits.
+
+* ``gemm``: FP16 x FP16 -> FP32 products as single cuBLAS GemmEx calls, bias fused;
+* ``unscale``: unscaling and sums of squares in one pass each;
+* ``scaler_step``: a whole loss-scaler step with the skip decided on the device, over the
+  fused master-weight updates of ``master_update``;
+* ``scatter``: scatter-adds with ``cupyx.scatter_add``.
+"""
+
+from __future__ import annotations
+
+from tinyamp import kernels
+from tinyamp.cuda import gemm, scaler_step, scatter, unscale
+
+IMPLEMENTATIONS = {
+    "product": gemm.product,
+    "multiply_": unscale.multiply_,
+    "sum_of_squares": unscale.sum_of_squares,
+    "step_on_device": scaler_step.step_on_device,
+    "scatter_add": scatter.scatter_add,
+}
+
+
+def register() -> None:
+    """Put this package's implementations behind ``tinyamp.kernels`` (``tinyamp/__init__.py`` does it)."""
+    for name, implementation in IMPLEMENTATIONS.items():
+        kernels.register(name, implementation)
+
+
+__all__ = ["IMPLEMENTATIONS", "register"]

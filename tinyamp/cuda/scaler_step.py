@@ -1,0 +1,66 @@
+"""Engine room: a whole loss-scaler step on the GPU, with the skip decided on the device.
+
+On the host (``LossScaler.step``) a step unscales the gradients, reads whether they are
+finite, and then calls the optimizer or skips it.  On a GPU that read makes the host wait
+for the device before it can launch the update.  So here, for FP32 master weights whose
+every update has a fused kernel (master_update.py):
+
+1. one reduction kernel per float16 model gradient sums the squares of its unscaled values,
+   writing nothing (unscale.py); a non-finite sum makes the device's skip flag;
+2. the update kernels read the model's float16 gradients, unscale them on the fly and read
+   the flag themselves: where it is set they change nothing.  No float32 gradient is ever
+   stored, 4 bytes per parameter saved at the peak of the step;
+3. the host reads the sums once; after an overflow it rolls its own counters back (the
+   optimizer's step count, and the state entries the step created).
+
+Same arithmetic, so the same bits, as gather + unscale + step on the host (tests/engine_room
+check it on the CPU with NumPy stand-ins for the kernels).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tinyamp import backend
+from tinyamp.amp.master import MasterWeights
+from tinyamp.cuda import master_update, unscale
+
+
+def step_on_device(optimizer: Any, inverse: float) -> Any:
+    """``tinyamp.kernels.step_on_device``: ``({name: not finite}, [sums of squares])``, or NotImplemented."""
+    if not _applies(optimizer):
+        return NotImplemented
+    present = [(i, name, p.grad) for i, (name, p) in enumerate(zip(optimizer.names, optimizer.model_params))
+               if p.grad is not None]  # fmt: skip
+    sums = [unscale.scaled_sum_of_squares(g, inverse) for _, _, g in present]
+    xp = backend.get_array_module(sums[0])
+    skip = (~xp.isfinite(xp.stack(sums))).any().astype(np.int32)  # decided on the device
+    inner = optimizer.optimizer
+    counters = inner.step_count, [dict(s) for s in inner.state]
+    inner.step_count += 1
+    for i, _, g in present:
+        master, model = optimizer.master_params[i], optimizer.model_params[i]
+        master_update.fused_update(inner, master.data, g, inner.state[i], model.data, skip, inverse)
+    host = backend.host_floats(sums)  # the one read of the step
+    if not all(math.isfinite(v) for v in host):  # the kernels changed nothing: undo the host's bookkeeping
+        inner.step_count, inner.state = counters[0], [dict(s) for s in counters[1]]
+    return {name: not math.isfinite(v) for (_, name, _), v in zip(present, host)}, host
+
+
+def _applies(optimizer: Any) -> bool:
+    """FP32 master weights over SGD or Adam(W), every parameter with its own master, lost updates not
+    tracked (that measure reads the host), and every gradient a float16 or float32 CuPy array."""
+    if not isinstance(optimizer, MasterWeights) or optimizer.track_lost_updates:
+        return False
+    pairs = list(zip(optimizer.model_params, optimizer.master_params))
+    if not any(model.grad is not None for model, _ in pairs):
+        return False  # the host path raises the "no gradient" error
+    return all(
+        master is not model
+        and (model.grad is None or (unscale.applies(model.grad) and model.grad.shape == master.shape
+             and master_update.applies(optimizer.optimizer, master.data, model.grad, model.data)))
+        for model, master in pairs
+    )  # fmt: skip

@@ -1,0 +1,67 @@
+"""Engine room: unscaling and sums of squares on the GPU, without float64 copies of the gradients.
+
+``multiply_`` answers ``tinyamp.kernels.multiply_`` for float16 and float32 CuPy arrays:
+one ``ElementwiseKernel`` multiplies each value by the factor in float32 with the IEEE
+multiply of exact_float32.py (CuPy's own arithmetic is compiled with ``-ftz=true`` and
+would flush float32 subnormals, where NumPy keeps them) and rounds it once into the
+gradient's dtype; a ``ReductionKernel`` then sums the squares in float64.  The sum is not
+finite exactly when a value is not (a float32 square, at most 1.2e77, never overflows
+float64), so it is the overflow check too, and all of a step's sums reach the host in one read.
+
+``scaled_sum_of_squares`` reads a float16 gradient, unscales each value on the fly and sums
+the squares, writing nothing: the fused master updates (master_update.py) unscale the same
+gradient again inside their kernels, so no unscaled copy is ever stored.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from tinyamp import backend
+from tinyamp.cuda.device import on_gpu
+from tinyamp.cuda.exact_float32 import PREAMBLE
+
+_MULTIPLY = "g = (T)f32_mul((float)g, factor);"
+_SQUARE = "f32_to_f64((float)x) * f32_to_f64((float)x)"
+_SCALED_SQUARE = "f32_to_f64(f32_mul((float)x, inverse)) * f32_to_f64(f32_mul((float)x, inverse))"
+
+
+@cache
+def _kernels() -> tuple[Any, Any, Any]:  # pragma: no cover - needs a GPU
+    cupy = backend.array_module("cuda")
+    multiply = cupy.ElementwiseKernel("float32 factor", "T g", _MULTIPLY, "tinyamp_multiply", preamble=PREAMBLE)
+    squares = cupy.ReductionKernel(
+        "T x", "float64 total", _SQUARE, "a + b", "total = a", "0", "tinyamp_sum_of_squares", preamble=PREAMBLE
+    )
+    scaled_squares = cupy.ReductionKernel(
+        "T x, float32 inverse", "float64 total", _SCALED_SQUARE, "a + b", "total = a", "0",
+        "tinyamp_scaled_sum_of_squares", preamble=PREAMBLE,
+    )  # fmt: skip
+    return multiply, squares, scaled_squares
+
+
+def applies(g: Any) -> bool:
+    """A float16 or float32 CuPy gradient (float64 ones take the reference path)."""
+    return g.dtype in (np.float16, np.float32) and on_gpu(g)
+
+
+def multiply_(g: Any, factor: float) -> Any:
+    """``g *= factor`` in place in one pass, then sum(g^2) in float64 as a 0-d device array."""
+    if not applies(g):
+        return NotImplemented
+    if factor != 1.0:
+        _kernels()[0](np.float32(factor), g)
+    return _kernels()[1](g)
+
+
+def sum_of_squares(g: Any) -> Any:
+    """sum(g^2) in float64, as a 0-d device array, without a float64 copy of g."""
+    return _kernels()[1](g) if applies(g) else NotImplemented
+
+
+def scaled_sum_of_squares(g: Any, inverse: float) -> Any:
+    """sum((g * inverse)^2) in float64, each product rounded to float32 first, as a 0-d device array."""
+    return _kernels()[2](g, np.float32(inverse))

@@ -1,0 +1,34 @@
+"""The engine room, CPU side: the same bits as the reference kernels, fast enough to train with.
+
+Not on the reading path.  Nothing here changes a number: each function answers for
+``tinyamp.kernels`` only where it returns the reference's bits (tests/engine_room checks
+every one), and hands every other case back with ``NotImplemented``.
+
+* ``casts``: float16 <-> float32 conversions in cache-sized NumPy passes, or compiled by
+  numba (``casts_numba``); 16-bit adds through them;
+* ``bits16``: ReLU and its backward on 16-bit bit patterns;
+* ``allocator``: ``keep_freed_memory()``, which stops glibc handing a step's memory back to
+  the kernel between steps (a process-wide setting, so only called on request).
+"""
+
+from __future__ import annotations
+
+from tinyamp import kernels
+from tinyamp.fast import bits16, casts
+from tinyamp.fast.allocator import keep_freed_memory
+
+IMPLEMENTATIONS = {
+    "cast": casts.cast,
+    "add": casts.add,
+    "relu": bits16.relu_kernel,
+    "relu_backward": bits16.relu_backward_kernel,
+}
+
+
+def register() -> None:
+    """Put this package's implementations behind ``tinyamp.kernels`` (``tinyamp/__init__.py`` does it)."""
+    for name, implementation in IMPLEMENTATIONS.items():
+        kernels.register(name, implementation)
+
+
+__all__ = ["IMPLEMENTATIONS", "register", "keep_freed_memory", "casts", "bits16"]
