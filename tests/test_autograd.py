@@ -19,6 +19,8 @@ from strategies import broadcastable_shapes, dag_steps, float_arrays, float_dtyp
 import tinyamp as ta
 from tinyamp.backend import to_device
 
+pytestmark = pytest.mark.autograd
+
 
 def host(array: Any) -> np.ndarray:
     """A NumPy copy of a NumPy or CuPy array."""

@@ -14,6 +14,8 @@ from tinyamp.amp import autocast
 from tinyamp.backend import to_device
 from tinyamp.inspect import saved_tensors
 
+pytestmark = pytest.mark.memory
+
 WIDTH, BATCH = 8, 3
 
 

@@ -15,6 +15,8 @@ from tinyamp.amp.training_state import read_checkpoint
 from tinyamp.cli import main
 from tinyamp.experiments import figures
 
+pytestmark = pytest.mark.cli
+
 
 def test_train_learns_the_digits(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--quiet", "--steps", "150", "--precision", "mixed"]) == 0

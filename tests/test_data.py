@@ -29,6 +29,8 @@ from tinyamp.data import (
 from tinyamp.data import chars as chars_module
 from tinyamp.data import digits as digits_module
 
+pytestmark = pytest.mark.cli
+
 # ---------------------------------------------------------------- digits
 
 

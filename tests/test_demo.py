@@ -27,6 +27,8 @@ from tinyamp.experiments import measure
 from tinyamp.experiments.figures import matplotlib_available
 from tinyamp.experiments.regimes import bfloat16_available
 
+pytestmark = pytest.mark.cli
+
 STEPS = 300  # a fifth of the demo: the loss is low enough by then for FP16 gradients to underflow
 TRANSFORMER_STEPS = 4
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

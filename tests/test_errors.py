@@ -13,6 +13,8 @@ import pytest
 
 import tinyamp as ta
 
+pytestmark = pytest.mark.ops
+
 
 def esc(*parts: object) -> str:
     """A regex that finds str(part) for each part, in order, anywhere in the message."""

@@ -33,6 +33,8 @@ try:
 except ImportError:  # bfloat16 is optional
     ml_dtypes = None
 
+pytestmark = pytest.mark.formats
+
 needs_ml_dtypes = pytest.mark.skipif(ml_dtypes is None, reason="bfloat16 needs the optional package ml_dtypes")
 
 ALL_HALF_BITS = np.arange(65536, dtype=np.uint16)

@@ -27,6 +27,8 @@ from strategies import (
 
 import tinyamp as ta
 
+pytestmark = pytest.mark.ops
+
 EXACT = {"rtol": 1e-13, "atol": 1e-15}  # float64 forward: a few ulps of rounding order at most
 # Gradients such as gelu's (1 + tanh(...)) / 2 cancel terms of order 1, so two correct
 # float64 implementations can differ by ~1e-15 absolute where the result is tiny.

@@ -37,6 +37,8 @@ from strategies import (
 import tinyamp as ta
 from tinyamp import ops
 
+pytestmark = pytest.mark.ops
+
 
 def leaf(array: np.ndarray) -> ta.Tensor:
     """A float64 CPU leaf that requires grad (what gradcheck needs)."""

@@ -20,6 +20,8 @@ from tinyamp.amp import autocast
 from tinyamp.inspect import OverflowEvent, SavedTensor, find_overflow, saved_tensors
 from tinyamp.nn import module as nn_module
 
+pytestmark = pytest.mark.memory
+
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 

@@ -24,6 +24,8 @@ from tinyamp.amp.master import MasterWeights
 from tinyamp.amp.master_state import MasterWeightsStateError
 from tinyamp.optim import OptimizerStateError
 
+pytestmark = pytest.mark.master_weights
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(3, 4), (5,)]
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tinyamp as ta
 from tinyamp import nn, optim
 from tinyamp.amp import LossScaler, MasterWeights, autocast
 from tinyamp.inspect import format_training_memory, peak_memory, training_memory
+
+pytestmark = pytest.mark.memory
 
 
 def test_training_memory_itemizes_a_known_mixed_precision_model_exactly() -> None:

@@ -16,6 +16,8 @@ from tinyamp import nn, optim
 from tinyamp.amp import LossScaler, MasterWeights, autocast, formats
 from tinyamp.data import spiral
 
+pytestmark = pytest.mark.fp16
+
 
 @pytest.fixture(scope="module")
 def spiral_data() -> tuple[ta.Tensor, ta.Tensor]:

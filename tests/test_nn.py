@@ -13,6 +13,8 @@ import tinyamp as ta
 from tinyamp import nn, optim
 from tinyamp.tensor import Tensor
 
+pytestmark = pytest.mark.nn
+
 
 def assert_bit_equal(a: np.ndarray, b: np.ndarray) -> None:
     """Same dtype, shape and bytes: stricter than ==, which calls -0.0 and 0.0 equal."""

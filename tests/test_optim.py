@@ -22,6 +22,8 @@ import tinyamp as ta
 from tinyamp import nn, optim
 from tinyamp.backend import is_array, to_device
 
+pytestmark = pytest.mark.optim
+
 RTOL, ATOL = 1e-11, 1e-13
 SHAPES = [(3, 4), (5,)]
 

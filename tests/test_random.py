@@ -17,6 +17,8 @@ import tinyamp as ta
 from tinyamp import random as ta_random
 from tinyamp.random import CounterGenerator
 
+pytestmark = pytest.mark.nn
+
 
 @given(sizes=draw_sizes())
 def test_the_stream_is_the_same_however_it_is_cut_into_draws(sizes: list[int]) -> None:

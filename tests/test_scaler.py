@@ -25,11 +25,14 @@ from strategies import gradient_values, gradscaler_settings, overflow_flags, sca
 
 import tinyamp as ta
 from tinyamp import nn, optim
+from tinyamp.amp import MasterWeights
 from tinyamp.amp.loss_scale import EVENTS, STATES, ScaleEvent
 from tinyamp.amp.presets import PRESETS, presets_table
 from tinyamp.amp.scaler import LossScaler, ScalerOrderError, StepReport
 from tinyamp.amp.scaler_checks import ScalerStateError
 from tinyamp.backend import to_device
+
+pytestmark = pytest.mark.scaler
 
 
 def f32(x: float) -> float:
@@ -1079,3 +1082,41 @@ def test_history_events_and_states_are_from_the_documented_sets() -> None:
     h = s.history_columns()
     assert set(h["event"]) <= set(EVENTS) and set(h["state"]) <= set(STATES)
     assert {"grew", "hit_ceiling", "backed_off"} <= set(h["event"])
+
+
+# ---- 0-d parameters: NumPy's 0-d arithmetic returns scalars, and every gradient must still be an array ------
+ZERO_D_OPTIMIZERS = {
+    "sgd": lambda p: optim.SGD(p, lr=0.1),
+    "sgd-momentum-wd": lambda p: optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "adam": lambda p: optim.Adam(p, lr=0.01, weight_decay=0.01),
+    "adamw": lambda p: optim.AdamW(p, lr=0.01),
+}
+
+
+def two_steps(shape: tuple[int, ...], dtype: str, make: Any, mode: str, masters: bool) -> tuple[Any, list[Any]]:
+    """Two scaled steps of loss = 3 w^2 on a parameter of `shape` starting at 0.5; the weight and the grads."""
+    w = ta.tensor(np.full(shape, 0.5), dtype=dtype, requires_grad=True)
+    opt = MasterWeights(make([w])) if masters else make([w])
+    scaler, grads = LossScaler(mode=mode, init_scale=1.0 if mode == "off" else 2.0**10), []
+    for _ in range(2):
+        opt.zero_grad()
+        scaler.scale_loss((w * w) * 3.0).backward()
+        grads.append(w.grad)
+        assert not scaler.step(opt).skipped
+    return w.data, grads
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static", "off"])
+@pytest.mark.parametrize("name", sorted(ZERO_D_OPTIMIZERS))
+@pytest.mark.parametrize("dtype, masters", [("float32", False), ("float16", True)], ids=["fp32", "fp16-master"])
+def test_zero_dim_parameters_train_with_every_scaler_mode_and_optimizer(
+    mode: str, name: str, dtype: str, masters: bool
+) -> None:
+    """A 0-d parameter's gradient is a 0-d array of its dtype, and its steps are those of a 1-element one."""
+    w0, grads0 = two_steps((), dtype, ZERO_D_OPTIMIZERS[name], mode, masters)
+    w1, grads1 = two_steps((1,), dtype, ZERO_D_OPTIMIZERS[name], mode, masters)
+    for g in grads0:
+        assert isinstance(g, np.ndarray) and g.shape == () and g.dtype == np.dtype(dtype)
+    assert isinstance(w0, np.ndarray) and w0.shape == ()
+    assert w0.reshape(1).tobytes() == w1.tobytes()  # the same arithmetic, element for element
+    assert float(w0) != 0.5

@@ -25,6 +25,8 @@ try:
 except ImportError:  # bfloat16 is optional
     ml_dtypes = None
 
+pytestmark = pytest.mark.tensor_cores
+
 needs_ml_dtypes = pytest.mark.skipif(ml_dtypes is None, reason="bfloat16 needs the optional package ml_dtypes")
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)

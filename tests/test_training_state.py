@@ -39,6 +39,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 # the loss scaler's steps at scale 2^16 overflow float16 on purpose (those steps are skipped);
 # NumPy's warnings about the resulting inf and NaN say nothing a test needs
 pytestmark = [
+    pytest.mark.checkpoints,
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
 ]

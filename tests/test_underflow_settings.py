@@ -16,6 +16,8 @@ import pytest
 from tinyamp import optim
 from tinyamp.experiments.tasks import DigitsMLP
 
+pytestmark = pytest.mark.cli
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "underflow_settings.py"
 
 

@@ -15,13 +15,14 @@ environment variable ``TINYAMP_ENGINE_ROOM=off`` to run the reference code alone
 import os
 
 from tinyamp import cuda, fast, kernels, nn, ops, optim
-from tinyamp.autograd import GradientError, enable_grad, is_grad_enabled, no_grad
+from tinyamp.autograd import GradientError
 from tinyamp.backend import DeviceError, cuda_is_available
 from tinyamp.checkpoint import checkpoint, checkpoint_sequential
 from tinyamp.creation import arange, full, ones, rand, randn, zeros
 from tinyamp.dtypes import bool_, float16, float32, float64, int32, int64
 from tinyamp.fast.allocator import keep_freed_memory
 from tinyamp.function import Function
+from tinyamp.grad_mode import enable_grad, is_grad_enabled, no_grad
 from tinyamp.gradcheck import gradcheck
 from tinyamp.ops import (
     concatenate,

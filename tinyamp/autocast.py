@@ -26,8 +26,8 @@ import numpy as np
 
 from tinyamp import dtypes
 from tinyamp import policy as _policy
-from tinyamp.autograd import is_grad_enabled
 from tinyamp.casting import Cast
+from tinyamp.grad_mode import is_grad_enabled
 from tinyamp.tensor import Tensor
 
 AUTOCAST_COPY = "autocast copy"

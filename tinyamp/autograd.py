@@ -3,17 +3,16 @@
 A tensor made by an operation points to the node that made it (``tensor.creator``, a
 :class:`~tinyamp.function.Function`); the node points to its inputs.  ``backward(loss)``
 visits the nodes from the loss to the leaves, each after every node that uses its output,
-asks each for the gradients of its inputs, sums the gradients that meet at a tensor used
-twice, and leaves the result in each leaf's ``.grad``.
+asks each for its inputs' gradients, adds up the gradients that meet at a tensor used
+twice, and leaves the sums in the leaves' ``.grad``.
 
-The walk is iterative: a recursive one dies at a few thousand nodes, and a 100,000-op
-chain must backprop.  This module knows tensors only by what it reads from them
-(``data``, ``grad``, ``requires_grad``, ``_ctx``); it never imports the Tensor class.
+The walk is iterative (a 100,000-op chain must backprop; Python's recursion stops at a few
+thousand).  It reads tensors through ``data``, ``grad``, ``requires_grad`` and ``_ctx``
+only, and never imports the Tensor class.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,8 +20,6 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend, kernels
-
-_grad_enabled = True
 
 # Observers of every op, called as hook(direction, fn, arrays) with direction "forward"
 # (arrays = (output,)) or "backward" (arrays = the input gradients).  Empty unless an
@@ -34,56 +31,13 @@ class GradientError(RuntimeError):
     """A backward that broke the rules (wrong dtype or shape), or a misuse of backward."""
 
 
-# ---- recording on and off ----------------------------------------------------------------------------
-def is_grad_enabled() -> bool:
-    """True unless inside a ``no_grad()`` block."""
-    return _grad_enabled
-
-
-class _GradMode:
-    """Context manager (and decorator) that switches graph recording on or off."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._previous: list[bool] = []
-
-    def __enter__(self) -> None:
-        global _grad_enabled
-        self._previous.append(_grad_enabled)
-        _grad_enabled = self.enabled
-
-    def __exit__(self, *exc: object) -> None:
-        global _grad_enabled
-        _grad_enabled = self._previous.pop()
-
-    def __call__(self, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _GradMode(self.enabled):
-                return fn(*args, **kwargs)
-
-        return wrapper
-
-
-def no_grad() -> _GradMode:
-    """Record no graph inside the block (evaluation, optimizer updates): nothing is saved for backward."""
-    return _GradMode(False)
-
-
-def enable_grad() -> _GradMode:
-    """Record the graph again inside a ``no_grad()`` block."""
-    return _GradMode(True)
-
-
 # ---- the graph ---------------------------------------------------------------------------------------
 class Edge:
-    """A computed input of a node: where its gradient goes (the creator) and what it must look like.
+    """A computed input of a node: where its gradient goes (its creator) and its shape and dtype.
 
-    A node holds its leaf inputs (parameters, data) as the tensors themselves, since their
-    ``.grad`` is filled in, but a computed input only as an Edge, not its array: holding
-    the tensor would keep its array alive until the graph goes even when no backward needs
-    it (a Linear's output feeding a ReLU, which keeps its own output), and memory would be
-    twice what the saved-tensors report counts.  PyTorch does the same.
+    Not its array: a node that held the tensor would keep every activation alive until the
+    graph goes, even those no backward needs (a Linear's output feeding a ReLU, which saves
+    its own output).  Leaf inputs are held as tensors, since their ``.grad`` is filled in.
     """
 
     __slots__ = ("_ctx", "requires_grad", "shape", "dtype", "name")
@@ -108,9 +62,8 @@ class Edge:
 def topological_order(root: Any) -> list[Any]:
     """The nodes reachable from node `root`, each before the nodes that made its inputs.
 
-    A depth-first search with an explicit stack: graph depth is limited by memory, not by
-    Python's recursion limit.  A node is finished (appended) after all of its inputs' nodes;
-    reversing that order puts every node before the nodes it reads from.
+    A depth-first search with an explicit stack: a node is finished (appended) after the
+    nodes of all its inputs, so the reversed order puts every node before those it reads from.
     """
     order, visited = [], set()
     stack: list[tuple[Any, bool]] = [(root, False)]
@@ -158,7 +111,7 @@ def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
             if t._ctx is None:
                 _accumulate_leaf(t, gi, handed)
             else:  # a tensor used twice: its two gradients add up (the chain rule's sum over paths)
-                grads[t._ctx] = gi if t._ctx not in grads else kernels.add(grads[t._ctx], gi)
+                grads[t._ctx] = gi if t._ctx not in grads else _sum(grads[t._ctx], gi)
         if not retain_graph and fn.saved:
             # Let go of what this node kept, and of its inputs: an activation that only the graph
             # still refers to is freed now, as the walk passes it, not when the whole graph goes.
@@ -189,10 +142,19 @@ def _seed(root: Any, grad: Any) -> Any:
     return grad.astype(data.dtype, copy=True)  # never hand the caller's own array to a leaf
 
 
+def _as_array(g: Any) -> Any:
+    """`g` as an array: NumPy's arithmetic on 0-d arrays returns scalars, which cannot be changed in place."""
+    return np.asarray(g) if isinstance(g, np.generic) else g
+
+
+def _sum(a: Any, b: Any) -> Any:
+    """Two gradients of one tensor, added (for float16, in float32 and rounded once, as NumPy does)."""
+    return _as_array(kernels.add(a, b))
+
+
 def _checked(fn: Any, index: int, grad: Any, t: Any) -> Any:
-    """`grad` as an array (NumPy's 0-d arithmetic returns scalars), checked against its tensor."""
-    if isinstance(grad, np.generic):
-        grad = np.asarray(grad)
+    """`grad` as an array, checked against its tensor."""
+    grad = _as_array(grad)
     if grad.shape != t.shape or grad.dtype != t.dtype:
         raise GradientError(
             f"{fn.name}.backward returned a gradient of shape {grad.shape} and dtype {grad.dtype} for input "
@@ -212,14 +174,14 @@ def _accumulate_leaf(t: Any, g: Any, handed: set[int]) -> None:
         handed.add(id(g))
         t.grad = g
     else:
-        t.grad = kernels.add(t.grad, g)
+        t.grad = _sum(t.grad, g)
 
 
 def _keep_retained(fn: Any, g: Any) -> None:
     """Store the gradient of a node's output in that tensor's .grad if retain_grad() asked for it."""
     out = fn.output_ref() if fn.output_ref is not None else None
     if out is not None:  # a copy: g may be a read-only view, or reach a leaf's .grad too
-        out.grad = g.copy() if out.grad is None else kernels.add(out.grad, g)
+        out.grad = g.copy() if out.grad is None else _sum(out.grad, g)
 
 
 def walk(root: Any) -> Iterator[Any]:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tinyamp import autocast, autograd, random
-from tinyamp.autograd import enable_grad
 from tinyamp.function import Function
+from tinyamp.grad_mode import enable_grad, is_grad_enabled
 from tinyamp.tensor import Tensor
 
 
@@ -88,7 +88,7 @@ def checkpoint(segment: Callable[..., Tensor], *args: Tensor) -> Tensor:
     for i, a in enumerate(args):
         if not isinstance(a, Tensor):
             raise TypeError(f"checkpoint: argument {i} is a {type(a).__name__}; pass Tensors (close over the rest)")
-    if not autograd.is_grad_enabled():
+    if not is_grad_enabled():
         return segment(*args)
     context: dict[str, Any] = {"rng": random.get_state(), "autocast": _replay_of(autocast.current())}
     inputs = [_leaf_copy(a) for a in args]

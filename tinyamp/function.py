@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp import autograd
+from tinyamp.grad_mode import is_grad_enabled
 from tinyamp.tensor import Tensor
 
 
@@ -52,7 +53,7 @@ class Function:
         for hook in autograd.hooks:
             hook("forward", fn, (out,))
         needs = tuple(t.requires_grad for t in inputs)
-        if not (autograd.is_grad_enabled() and True in needs):
+        if not (is_grad_enabled() and True in needs):
             return Tensor._make(out, False, None)
         fn.inputs = tuple([t if t._ctx is None else t.edge() for t in inputs])
         fn.needs_input_grad = needs

@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tinyamp.autograd import GradientError, no_grad
+from tinyamp.autograd import GradientError
 from tinyamp.backend import to_device
+from tinyamp.grad_mode import no_grad
 from tinyamp.tensor import Tensor
 
 

@@ -1,17 +1,14 @@
-"""The array kernels of mixed precision, in reference form: the one door to the engine room.
+"""The array kernels of mixed precision in reference form, and the one door to the engine room.
 
-Ops, optimizers and the loss scaler do their array work through these functions, and
-nowhere else: conversions between float widths, the 16-bit add, ReLU, the Tensor Core
-product, scatter-adds, and unscaling.  Each body below is the reference, plain
-NumPy (or CuPy) code written to be read.
+Ops, optimizers and the loss scaler do the array work that needs more than NumPy's own
+operators here, and nowhere else: casts between float widths, the 16-bit add, ReLU, the
+Tensor Core product, scatter-adds, unscaling.  Each body is the reference, written to be read.
 
-The engine room makes the same bits faster, or runs them on a GPU: ``tinyamp.fast``
-(the casts in cache-sized blocks or compiled by numba, 16-bit arithmetic through those
-casts, ReLU on bit patterns) and ``tinyamp.cuda`` (cuBLAS GemmEx, fused CUDA kernels).
-Their implementations ``register`` here under a kernel's name; each call asks them first,
-and one that does not apply to the arrays it is given answers ``NotImplemented``, so the
-reference runs.  ``tinyamp/__init__.py`` registers them; ``reference_only()`` switches
-them off.  tests/engine_room checks every one against the reference, bit for bit.
+The engine room gives the same bits faster, or on a GPU: ``tinyamp.fast`` and
+``tinyamp.cuda`` ``register`` implementations under a kernel's name (``tinyamp/__init__.py``
+does it).  A call asks them first (``_faster``); one that does not apply to the arrays it is
+given answers ``NotImplemented``, and the reference runs.  ``reference_only()`` switches them
+off; tests/engine_room checks each against the reference, bit for bit.
 """
 
 from __future__ import annotations
@@ -66,8 +63,8 @@ def _faster(name: str, *args: Any) -> Any:
 def cast(x: Any, dtype: Any, out: Any = None) -> Any:
     """`x` converted to `dtype`, rounded to nearest (ties to even) when narrower; into `out` if given.
 
-    float32 -> float16 is the one-addition formula of rounding.py, float16 -> float32 its exact
-    widening; a GPU and every other pair of dtypes use the array library's own conversion.
+    float32 <-> float16 on NumPy: the formulas of rounding.py; on a GPU, and for every other
+    pair of dtypes, the array library's own conversion.
     """
     result = _faster("cast", x, dtype, out)
     if result is NotImplemented:
@@ -114,9 +111,9 @@ def product(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
     """``a @ b (+ bias)`` with Tensor Core numerics: FP16 x FP16 -> FP32 accumulate, rounded once.
 
     The product of two float16 values has at most 22 significant bits, so it is exact in
-    float32 (24 bits): widen both operands, multiply and sum in float32 (one sgemm), add the
-    bias to the float32 sums as a GPU's GEMM epilogue does, and round once to `out_dtype`.
-    (NumPy's own float16 matmul is a non-BLAS loop; it is never called.)
+    float32 (24): widen both operands, multiply and sum in float32 (one sgemm; NumPy's own
+    float16 matmul is a loop without BLAS), add the bias to the float32 sums as a GPU's GEMM
+    epilogue does, and round once to `out_dtype`.
     """
     result = _faster("product", a, b, out_dtype, bias)
     if result is NotImplemented:
@@ -158,9 +155,8 @@ def multiply_(g: Any, factor: float) -> Any:
 def step_on_device(optimizer: Any, inverse_scale: float) -> Any:
     """A whole loss-scaler step done where the gradients are: unscale, check, update or skip.
 
-    There is no reference body: on the host, ``LossScaler.step`` unscales, reads the
-    check and then steps or skips.  On a GPU (``tinyamp/cuda/scaler_step.py``) the update
-    kernels read the overflow flag themselves, so the host reads the device once per step.
+    No reference body: on the host, ``LossScaler.step`` itself unscales, checks, and steps or
+    skips.  On a GPU the update kernels read the overflow flag (cuda/scaler_step.py).
     Returns ``({name: not finite}, [sum of squares per gradient])``, or NotImplemented.
     """
     return _faster("step_on_device", optimizer, inverse_scale)
@@ -171,14 +167,13 @@ _CHUNK = 1 << 16  # float64 values per piece: a cache-sized copy, not one of the
 
 
 def sum_of_squares(g: Any) -> Any:
-    """sum(g^2) as a 0-d float64 array on g's device.
+    """sum(g^2) as a 0-d float64 array on g's device (the global gradient norm is built from these).
 
-    A float32 square is exact in float64, so small, 16-bit and float64 gradients are summed in
-    float64.  A large float32 gradient is cut into rows of 1024 values whose squares one
-    float32 BLAS dot sums, and the rows are added in float64: each row's sum is within
-    1024 * 2^-24 = 6e-5 of itself (PyTorch sums a whole float32 tensor in float32), for a
-    tenth of the cost of widening every value.  A total that is not finite is summed again
-    in float64, so a finite float32 gradient never reports an infinite norm.
+    Summed in float64, where a float32 square is exact; but a large float32 gradient is cut
+    into rows of 1024 values, whose squares one float32 BLAS dot sums without widening them
+    (each row's sum off by at most about 1024 * 2^-24 = 6e-5 of itself; PyTorch sums whole
+    tensors in float32), and only the rows are added in float64.  A total that is not finite
+    is summed again in float64: a finite gradient never reports an infinite norm.
     """
     result = _faster("sum_of_squares", g)
     if result is not NotImplemented:

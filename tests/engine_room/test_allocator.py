@@ -11,6 +11,8 @@ import pytest
 
 from tinyamp.fast.allocator import keep_freed_memory
 
+pytestmark = pytest.mark.engine_room
+
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # Allocate 200 arrays of 100 KB (below glibc's mmap threshold: they live on the heap) and free

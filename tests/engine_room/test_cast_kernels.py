@@ -10,6 +10,8 @@ import pytest
 
 from tinyamp.fast import casts
 
+pytestmark = pytest.mark.engine_room
+
 
 def test_set_kernels_checks_the_name_and_returns_the_previous_choice() -> None:
     with pytest.raises(ValueError, match="choose one of numba, numpy"):

@@ -18,6 +18,8 @@ import tinyamp as ta
 from tinyamp.cuda import gemm as cublas_gemm
 from tinyamp.ops.matmul import MatMul
 
+pytestmark = pytest.mark.engine_room
+
 
 def column_major(buffer: np.ndarray, offset: int, rows: int, cols: int, ld: int) -> np.ndarray:
     """The rows x cols column-major matrix at `offset` with leading dimension `ld` (a view)."""

@@ -20,6 +20,8 @@ from tinyamp import kernels
 from tinyamp.fast import casts
 from tinyamp.fast.casts import BLOCK, SMALL, add, cast, fast_cast_applies, round_to_float16, widen_float16
 
+pytestmark = pytest.mark.engine_room
+
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 

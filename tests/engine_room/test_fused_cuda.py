@@ -18,6 +18,8 @@ from tinyamp.amp import LossScaler, MasterWeights, autocast
 from tinyamp.backend import to_device
 from tinyamp.cuda import gemm, master_update, scaler_step, unscale
 
+pytestmark = pytest.mark.engine_room
+
 needs_cuda = pytest.mark.skipif(not ta.cuda_is_available(), reason="needs CuPy and a CUDA GPU")
 
 OPTIMIZERS = {

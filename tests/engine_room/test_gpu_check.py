@@ -16,6 +16,8 @@ import pytest
 
 import tinyamp
 
+pytestmark = pytest.mark.engine_room
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SECTIONS = ("env", "matmul", "mlp", "transformer", "overhead", "torch-amp", "cli", "tests")

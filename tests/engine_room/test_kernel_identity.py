@@ -24,6 +24,8 @@ try:
 except ImportError:  # bfloat16 is optional
     ml_dtypes = None
 
+pytestmark = pytest.mark.engine_room
+
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 SIXTEEN_BIT = [F16] + ([np.dtype(ml_dtypes.bfloat16)] if ml_dtypes is not None else [])
 

@@ -23,7 +23,10 @@ import tinyamp as ta
 ROOT = Path(__file__).resolve().parents[2]
 STAND_IN = ROOT / "tests" / "engine_room" / "strict_cupy"
 
-pytestmark = pytest.mark.skipif(ta.cuda_is_available(), reason="a real GPU is here: the GPU tests run on it")
+pytestmark = [
+    pytest.mark.engine_room,
+    pytest.mark.skipif(ta.cuda_is_available(), reason="a real GPU is here: the GPU tests run on it"),
+]
 
 
 def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,6 @@ lost had it been added to the 16-bit weight directly (``lost_update_fraction``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from tinyamp import backend, kernels
@@ -39,40 +38,24 @@ from tinyamp.units import format_bytes
 class MasterWeights:
     """Keep a float32 master copy of 16-bit parameters and let `optimizer` update the masters.
 
-    ``MasterWeights(Adam(model.parameters()))`` rebinds the Adam to the masters: from then
-    on ``optimizer.params`` are the float32 masters (same names, same state, the state
-    arrays converted to `master_dtype`), and the model's float16 or bfloat16 parameters are
-    rounded from them after each step, once each (to nearest, ties to even), into the
-    arrays the model already holds.
+    ``MasterWeights(Adam(model.parameters()))`` rebinds the Adam to the masters: from then on
+    ``optimizer.params`` are the float32 masters (same names; state arrays converted to
+    `master_dtype`), and after each step every 16-bit parameter is rounded from its master,
+    once (to nearest, ties to even), into the array the model already holds.  Each master
+    starts as the exact widening of its parameter.  A parameter that already has
+    `master_dtype` (a float32 LayerNorm in a float16 model) is its own master.
 
-    The rule behind it (``lost_updates.py``): every update 4096 or more times smaller than
-    its float16 weight is lost (bfloat16: 512), while float32 keeps it.  Each master starts
-    as the exact widening of its 16-bit parameter (every float16 and bfloat16 value is a
-    float32 value).
-
-    A parameter that already has `master_dtype` (a float32 LayerNorm in a float16 model)
-    is its own master: no copy is made, and the optimizer updates it directly.
-
-    This is also the interface a LossScaler drives: ``params`` (the masters, whose
-    ``.grad`` it unscales in float32), ``names``, ``gather_grads()``, ``step()`` and
-    ``zero_grad()``.
+    It is also what a LossScaler drives: ``params`` (the masters, whose float32 ``.grad`` it
+    unscales), ``names``, ``gather_grads()``, ``step()``, ``zero_grad()``.
 
     Args:
-        optimizer: a tinyamp.optim optimizer built over the model's parameters; wrap it once.
-        master_dtype: "float32" (or "float64"); at least as wide as every parameter.
-        track_lost_updates: record an UpdateRecord per step (``history``).  It costs a few
-            passes over every updated weight; switch it off for benchmarks.
-        free_model_grads: drop each 16-bit model gradient as soon as ``gather_grads()`` has
-            widened it into its master, instead of keeping both until ``zero_grad()``.  The
-            peak of a step then holds 4 bytes of gradient per parameter, not 6 (with FP32
-            weights it would hold 4 too); the model's ``.grad`` is None after a step.
-
-    Attributes:
-        optimizer: the wrapped optimizer (change its hyperparameters there: ``opt.optimizer.lr``).
-        model_params: the tensors the model computes with (16-bit).
-        master_params: the master copies (`master_dtype`); also ``params``.
-        names: one name per parameter, from the optimizer.
-        history: one UpdateRecord per step (when ``track_lost_updates``), for plotting.
+        optimizer: a tinyamp.optim optimizer over the model's parameters (wrapped once; change
+            its hyperparameters there, ``opt.optimizer.lr``).
+        master_dtype: "float32" (or "float64"), at least as wide as every parameter.
+        track_lost_updates: record an UpdateRecord per step in ``history``; it costs a few
+            passes over every updated weight, so switch it off for benchmarks.
+        free_model_grads: drop each 16-bit gradient once ``gather_grads()`` has widened it, so
+            the peak of a step holds 4 bytes of gradient per parameter, not 6.
     """
 
     def __init__(
@@ -243,46 +226,19 @@ class MasterWeights:
         """Extra bytes the master copies take (4 per element of each 16-bit parameter; 0 for shared ones)."""
         return sum(m.nbytes for p, m in zip(self.model_params, self.master_params) if m is not p)
 
-    def _model_dtypes(self) -> str:
+    def model_dtypes(self) -> str:
+        """The dtypes of the parameters that have a master copy, e.g. "float16"."""
         return "/".join(sorted({p.dtype.name for p, m in zip(self.model_params, self.master_params) if m is not p}))
 
     def summary(self) -> str:
         """A table: name, shape, model dtype and bytes, master dtype and bytes, per parameter, with totals."""
-        rows = [("name", "shape", "model dtype", "model bytes", "master dtype", "master bytes")]
-        for name, p, m in zip(self.names, self.model_params, self.master_params):
-            shared = m is p
-            rows.append(
-                (
-                    name,
-                    str(p.shape),
-                    p.dtype.name,
-                    str(p.nbytes),
-                    "(itself)" if shared else m.dtype.name,
-                    "0" if shared else str(m.nbytes),
-                )
-            )
-        rows.append(("total", "", "", str(self.model_bytes), "", str(self.master_bytes)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        right = {3, 5}
-
-        def line(r: Sequence[str]) -> str:
-            return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-        out = [f"MasterWeights over {type(self.optimizer).__name__}: {self._model_dtypes()} -> {self.master_dtype}"]
-        out += [line(r) for r in rows[:-1]] + ["-" * len(line(rows[0]).rstrip()), line(rows[-1])]
-        if self.history:
-            r = self.history[-1]
-            out.append(
-                f"step {r.step}: {r.changed} master elements changed; {r.lost_update_fraction:.1%} of those updates "
-                f"would be lost in 16 bits; {r.unchanged_fraction:.1%} of their 16-bit copies did not change"
-            )
-        return "\n".join(out)
+        return master_state.summary(self)
 
     def __repr__(self) -> str:
         copied = sum(m is not p for p, m in zip(self.model_params, self.master_params))
         last = f", last lost_update_fraction={self.lost_update_fraction:.3g}" if self.history else ""
         return (
-            f"MasterWeights({self.optimizer!r}, {self._model_dtypes()} -> {self.master_dtype}: {copied} of "
+            f"MasterWeights({self.optimizer!r}, {self.model_dtypes()} -> {self.master_dtype}: {copied} of "
             f"{len(self.model_params)} parameters copied, model {format_bytes(self.model_bytes)} + master "
             f"{format_bytes(self.master_bytes)}{last})"
         )

@@ -1,4 +1,4 @@
-"""What MasterWeights checks: the optimizer it wraps, and the checkpoints it loads.
+"""MasterWeights' checks (the optimizer it wraps, the checkpoints it loads) and its summary table.
 
 A checkpoint that does not fit (other parameter names, shapes or dtypes; a history of the
 wrong shape) is refused before anything changes, with every problem named.
@@ -6,6 +6,7 @@ wrong shape) is refused before anything changes, with every problem named.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -118,3 +119,36 @@ def load(mw: MasterWeights, state_dict: dict[str, Any]) -> list[UpdateRecord]:
     for name, master in zip(mw.names, mw.master_params):
         master.data[...] = backend.to_device(masters[name], master.device)
     return [UpdateRecord(*(int(x) for x in row)) for row in history]
+
+
+def summary(mw: MasterWeights) -> str:
+    """A table: name, shape, model dtype and bytes, master dtype and bytes, per parameter, with totals."""
+    rows = [("name", "shape", "model dtype", "model bytes", "master dtype", "master bytes")]
+    for name, p, m in zip(mw.names, mw.model_params, mw.master_params):
+        shared = m is p
+        rows.append(
+            (
+                name,
+                str(p.shape),
+                p.dtype.name,
+                str(p.nbytes),
+                "(itself)" if shared else m.dtype.name,
+                "0" if shared else str(m.nbytes),
+            )
+        )
+    rows.append(("total", "", "", str(mw.model_bytes), "", str(mw.master_bytes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    right = {3, 5}
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    out = [f"MasterWeights over {type(mw.optimizer).__name__}: {mw.model_dtypes()} -> {mw.master_dtype}"]
+    out += [line(r) for r in rows[:-1]] + ["-" * len(line(rows[0]).rstrip()), line(rows[-1])]
+    if mw.history:
+        r = mw.history[-1]
+        out.append(
+            f"step {r.step}: {r.changed} master elements changed; {r.lost_update_fraction:.1%} of those updates "
+            f"would be lost in 16 bits; {r.unchanged_fraction:.1%} of their 16-bit copies did not change"
+        )
+    return "\n".join(out)

@@ -43,9 +43,8 @@ class ScalerOrderError(RuntimeError):
 class StepReport:
     """What ``LossScaler.step`` did: stepped or skipped, why, and what became of the scale.
 
-    ``grad_norm`` is the global L2 norm of the unscaled gradients (``kernels.sum_of_squares``;
-    inf or nan when a gradient was not finite); if ``clip_grad_norm_`` ran, it is the norm
-    it measured *before* clipping, the number it returned.
+    ``grad_norm`` is the L2 norm of all the unscaled gradients (inf or nan when one was not
+    finite); after ``clip_grad_norm_``, the norm it measured before clipping.
     """
 
     step: int
@@ -196,7 +195,7 @@ class LossScaler:
         rounded once into its own dtype.  FP32 master weights gather (widen) their gradients
         first, so they are unscaled in float32.  Once per step, after backward, before clipping.
         """
-        params, names = _optimizer_params(optimizer)
+        params, names = scaler_checks.optimizer_params(optimizer)
         self._check_can_unscale()
         if hasattr(optimizer, "gather_grads"):
             optimizer.gather_grads()
@@ -223,7 +222,7 @@ class LossScaler:
         ``scale_loss`` in this step is an error (except in mode "off"): the gradients would be
         divided by a scale they were never multiplied by.
         """
-        params, names = _optimizer_params(optimizer)
+        params, names = scaler_checks.optimizer_params(optimizer)
         if self._phase == "ready" and self.rule.mode != "off":
             raise ScalerOrderError(
                 f"scale_loss was not called at step {self._step_count}: stepping would read gradients that "
@@ -271,7 +270,7 @@ class LossScaler:
         when a gradient is not finite: then nothing changes, and step() will skip).  As in
         PyTorch the gradients are multiplied by max_norm / (norm + 1e-6) when that is below 1.
         """
-        params, _ = _optimizer_params(optimizer)
+        params, _ = scaler_checks.optimizer_params(optimizer)
         if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool) or not max_norm > 0:
             raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")
         if self._phase != "unscaled":
@@ -340,6 +339,11 @@ class LossScaler:
         return asdict(self.rule)
 
     @property
+    def overflow_seen(self) -> bool:
+        """True once any step has found an inf or NaN (it ends Chainer's warmup)."""
+        return self._overflow_seen
+
+    @property
     def history(self) -> list[ScaleEvent]:
         """One ScaleEvent per update, oldest first (a copy of the list)."""
         return list(self._history)
@@ -357,61 +361,34 @@ class LossScaler:
             f"growth_tracker={tracker}, step={self._step_count}, phase={self._phase!r})"
         )
 
-    # ---- checkpoints (checked in scaler_checks.py) ----------------------------------------------------
+    # ---- checkpoints (built and checked in scaler_checks.py) ----------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything the future of this scaler depends on, as plain Python values (saved between steps)."""
-        if self._phase != "ready":
-            raise ScalerOrderError(
-                f"state_dict() in the middle of step {self._step_count} (phase {self._phase!r}): save the "
-                "scaler between steps, after scaler.step(optimizer)"
-            )
-        return {
-            "format": scaler_checks.FORMAT, "version": scaler_checks.VERSION, "config": self.config,
-            "scale": self._scale, "growth_tracker": self._tracker, "step_count": self._step_count,
-            "overflow_seen": self._overflow_seen, "state": self._state, "history": self.history_columns(),
-        }  # fmt: skip
+        self._check_between_steps("state_dict()", "save the scaler between steps, after scaler.step(optimizer)")
+        return scaler_checks.state_dict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a ``state_dict()``; training then continues exactly as if never interrupted.
+        """Restore a ``state_dict()`` of a scaler with the same config; it then continues as if never stopped.
 
-        The dict must come from a scaler with the same config (``LossScaler.from_state_dict``
-        builds one).  Everything is checked first: a dict that does not fit changes nothing.
+        Everything is checked first: a dict that does not fit changes nothing.
         """
-        if self._phase != "ready":
-            raise ScalerOrderError(
-                f"load_state_dict() in the middle of step {self._step_count} (phase {self._phase!r}); "
-                "load between steps"
-            )
+        self._check_between_steps("load_state_dict()", "load between steps")
         values = scaler_checks.validated_state(self.rule, state_dict)
         self._scale, self._tracker, self._step_count, self._overflow_seen, self._state, self._history = values
-        self._step_just_updated = False
-        self.last_report = None
+        self._step_just_updated, self.last_report = False, None
 
     @classmethod
     def from_state_dict(cls, state_dict: dict[str, Any]) -> LossScaler:
         """A new scaler with the saved config and state."""
-        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("config"), dict):
-            raise scaler_checks.ScalerStateError("this is not a LossScaler state_dict: it has no 'config' dict")
-        try:
-            scaler = cls(**state_dict["config"])
-        except (TypeError, ValueError) as exc:
-            raise scaler_checks.ScalerStateError(f"the saved config is not valid: {exc}") from exc
+        scaler = cls(**scaler_checks.saved_config(state_dict))
         scaler.load_state_dict(state_dict)
         return scaler
 
-
-def _optimizer_params(optimizer: Any) -> tuple[list[Tensor], list[str]]:
-    """The optimizer protocol: ``.params`` (Tensors whose .grad step() reads), ``.names``, ``.step()``."""
-    params, names = getattr(optimizer, "params", None), getattr(optimizer, "names", None)
-    if params is None or names is None or not callable(getattr(optimizer, "step", None)):
-        raise TypeError(
-            f"the scaler needs an optimizer with .params, .names and .step() (a tinyamp optimizer, or "
-            f"MasterWeights); got {type(optimizer).__name__}"
-        )
-    params, names = list(params), list(names)
-    if len(params) != len(names):
-        raise ValueError(f"the optimizer has {len(params)} params but {len(names)} names")
-    return params, names
+    def _check_between_steps(self, method: str, advice: str) -> None:
+        if self._phase != "ready":
+            raise ScalerOrderError(
+                f"{method} in the middle of step {self._step_count} (phase {self._phase!r}); {advice}"
+            )
 
 
 def _global_norm(grads: list[Any]) -> float:

@@ -1,6 +1,6 @@
-"""What a LossScaler checks: the settings it is built with, and the state_dicts it loads.
+"""What a LossScaler checks: the settings it is built with, the optimizers it drives, the state_dicts it loads.
 
-Both are refused with an error that names the setting or the entry and the value, before
+Each is refused with an error that names the setting or the entry and the value, before
 anything changes; a state_dict is checked against itself too (its history must end where
 its scale, tracker and state are).
 """
@@ -13,6 +13,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from tinyamp.amp.loss_scale import EVENTS, GROWTH_RULES, MODES, SCALE_DTYPES, STATES, ScaleEvent, ScaleRule, round_scale
+from tinyamp.tensor import Tensor
 
 FORMAT = "tinyamp.amp.LossScaler"
 VERSION = 1
@@ -89,6 +90,26 @@ def checked_rule(**c: Any) -> ScaleRule:
             f"init_scale={c['init_scale']}, max_scale={c['max_scale']}"
         )
     return ScaleRule(**c)
+
+
+def state_dict(scaler: Any) -> dict[str, Any]:
+    """A LossScaler's state as plain Python values: what ``validated_state`` reads back."""
+    return {
+        "format": FORMAT, "version": VERSION, "config": scaler.config, "scale": scaler.scale,
+        "growth_tracker": scaler.growth_tracker, "step_count": scaler.step_count,
+        "overflow_seen": scaler.overflow_seen, "state": scaler.state, "history": scaler.history_columns(),
+    }  # fmt: skip
+
+
+def saved_config(d: Any) -> dict[str, Any]:
+    """The settings saved in a LossScaler state_dict, checked as a constructor would check them."""
+    if not isinstance(d, dict) or not isinstance(d.get("config"), dict):
+        raise ScalerStateError("this is not a LossScaler state_dict: it has no 'config' dict")
+    try:
+        checked_rule(**d["config"])
+    except (TypeError, ValueError) as exc:
+        raise ScalerStateError(f"the saved config is not valid: {exc}") from exc
+    return d["config"]
 
 
 def validated_state(rule: ScaleRule, d: Any) -> tuple[float, int, int, bool, str, list[ScaleEvent]]:
@@ -188,3 +209,17 @@ def _validated_history(columns: Any, steps: int, fail: Any) -> list[ScaleEvent]:
             raise fail(f"history row {i} starts from scale {row['scale_before']!r}, not the previous row's end")
         history.append(ScaleEvent(**row))
     return history
+
+
+def optimizer_params(optimizer: Any) -> tuple[list[Tensor], list[str]]:
+    """The optimizer protocol: ``.params`` (Tensors whose .grad step() reads), ``.names``, ``.step()``."""
+    params, names = getattr(optimizer, "params", None), getattr(optimizer, "names", None)
+    if params is None or names is None or not callable(getattr(optimizer, "step", None)):
+        raise TypeError(
+            f"the scaler needs an optimizer with .params, .names and .step() (a tinyamp optimizer, or "
+            f"MasterWeights); got {type(optimizer).__name__}"
+        )
+    params, names = list(params), list(names)
+    if len(params) != len(names):
+        raise ValueError(f"the optimizer has {len(params)} params but {len(names)} names")
+    return params, names

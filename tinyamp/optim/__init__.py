@@ -9,7 +9,8 @@ Example::
 """
 
 from tinyamp.optim.adam import Adam, AdamW
-from tinyamp.optim.optimizer import Optimizer, OptimizerStateError
+from tinyamp.optim.optimizer import Optimizer
+from tinyamp.optim.optimizer_checks import OptimizerStateError
 from tinyamp.optim.sgd import SGD
 
 __all__ = ["Optimizer", "OptimizerStateError", "SGD", "Adam", "AdamW"]

@@ -60,7 +60,7 @@ class Adam(Optimizer):
                 decayed = w * wd
                 decayed += g
                 g = decayed
-        tmp = g * (1 - beta1)  # the one temporary, reused below
+        tmp = xp.multiply(g, 1 - beta1, out=xp.empty_like(w))  # the one temporary, reused below (an array, 0-d too)
         m *= beta1
         m += tmp
         xp.multiply(g, g, out=tmp)

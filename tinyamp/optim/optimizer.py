@@ -15,45 +15,14 @@ an FP32 *master copy* of the weights across steps, so that small updates accumul
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from tinyamp import backend, dtypes, kernels
 from tinyamp.autograd import GradientError
-from tinyamp.tensor import Tensor
-
-Params = Iterable[Tensor] | Iterable[tuple[str, Tensor]]
-
-
-class OptimizerStateError(ValueError):
-    """An optimizer state_dict that does not fit this optimizer or its parameters."""
-
-
-def _collect(params: Params) -> tuple[list[Tensor], list[str]]:
-    """Parameters and their names ("0", "1", ... unless given as named_parameters() pairs)."""
-    if isinstance(params, Tensor):
-        raise TypeError("an optimizer takes an iterable of parameters, e.g. model.parameters(); wrap one in a list")
-    tensors: list[Tensor] = []
-    names: list[str] = []
-    seen: set[int] = set()
-    for i, item in enumerate(params):
-        name, t = item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) else (str(i), item)
-        if not isinstance(t, Tensor):
-            raise TypeError(f"an optimizer can only update Tensors; parameter {name} is a {type(t).__name__}")
-        if not t.is_leaf:
-            raise ValueError(f"parameter {name} (shape {t.shape}) is not a leaf: it is the output of an operation")
-        if not dtypes.is_floating(t.dtype):
-            raise TypeError(f"parameter {name} has dtype {t.dtype}; only floating-point tensors can be trained")
-        if id(t) in seen:
-            raise ValueError(f"parameter {name} (shape {t.shape}) appears twice in the parameter list")
-        seen.add(id(t))
-        tensors.append(t)
-        names.append(name)
-    if not tensors:
-        raise ValueError("the optimizer got an empty parameter list")
-    return tensors, names
+from tinyamp.optim import optimizer_checks
+from tinyamp.optim.optimizer_checks import Params
 
 
 class Optimizer:
@@ -78,7 +47,7 @@ class Optimizer:
         super().__setattr__(name, value)
 
     def __init__(self, params: Params) -> None:
-        self.params, self.names = _collect(params)
+        self.params, self.names = optimizer_checks.collect(params)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self.step_count = 0
 
@@ -130,41 +99,15 @@ class Optimizer:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore hyperparameters, step count and state (copied), so training continues bit-identically.
 
-        Everything is checked first; a state_dict that does not fit changes nothing.
+        Everything is checked first (optimizer_checks.py); a state_dict that does not fit changes nothing.
         """
-        kind = state_dict.get("optimizer")
-        if kind != type(self).__name__:
-            raise OptimizerStateError(f"this is a state_dict of {kind}; it cannot be loaded into {type(self).__name__}")
-        hyper = state_dict["hyperparameters"]
-        if set(hyper) != set(self.hyperparameters):
-            raise OptimizerStateError(
-                f"the state_dict has hyperparameters {sorted(hyper)}; "
-                f"{type(self).__name__} has {sorted(self.hyperparameters)}"
-            )
-        states = state_dict["state"]
-        if len(states) != len(self.params):
-            raise OptimizerStateError(
-                f"the state_dict holds state for {len(states)} parameters; this optimizer has {len(self.params)}"
-            )
-        for p, name, saved, state in zip(self.params, self.names, state_dict["params"], states):
-            expected = dtypes.accumulation_dtype(p.dtype)
-            if tuple(saved["shape"]) != p.shape or saved["dtype"] != p.dtype.name:
-                raise OptimizerStateError(
-                    f"parameter {name} has shape {p.shape} and dtype {p.dtype}, but the state_dict was saved for "
-                    f"{saved['name']} of shape {tuple(saved['shape'])} and dtype {saved['dtype']}"
-                )
-            for key, value in state.items():
-                if backend.is_array(value) and (value.shape != p.shape or value.dtype != expected):
-                    raise OptimizerStateError(
-                        f"state {key!r} of parameter {name}: expected shape {p.shape} and dtype {expected}, "
-                        f"got shape {value.shape} and dtype {value.dtype}"
-                    )
-        for h, value in hyper.items():
+        optimizer_checks.check_state_dict(self, state_dict)
+        for h, value in state_dict["hyperparameters"].items():
             setattr(self, h, tuple(value) if isinstance(value, list) else value)
         self.step_count = state_dict["step_count"]
         self.state = [
             {k: backend.to_device(v, p.device).copy() if backend.is_array(v) else v for k, v in s.items()}
-            for p, s in zip(self.params, states)
+            for p, s in zip(self.params, state_dict["state"])
         ]
 
     def __repr__(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinyamp.backend import get_array_module
 from tinyamp.optim.optimizer import Optimizer, Params
 
 
@@ -43,8 +44,8 @@ class SGD(Optimizer):
             d = g  # the caller's gradient: read it, never write it
         if mu != 0:
             buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = d.copy()
+            if buf is None:  # a copy, and an array even where NumPy's 0-d arithmetic made d a scalar
+                buf = state["momentum_buffer"] = get_array_module(w).array(d)
             else:
                 buf *= mu
                 buf += d

@@ -1,0 +1,150 @@
+"""The library keeps its layers: a reading path within its line budget, and no engine room in it.
+
+The README's "Read the code" table is the reading path.  These tests print it with the line
+counts measured now, and check that the table's counts are the real ones, that the total stays
+within 1,800 lines, that each mechanism of the paper fits on one screen in the code that runs,
+and that no module of the path imports the engine room (``tinyamp.fast``, ``tinyamp.cuda``),
+directly or through the modules it imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import tinyamp
+from tinyamp import autograd, kernels, rounding
+from tinyamp.amp.loss_scale import ScaleRule
+from tinyamp.amp.master import MasterWeights
+from tinyamp.amp.scaler import LossScaler
+from tinyamp.autocast import autocast
+
+pytestmark = pytest.mark.docs
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET = 1800
+ENGINE_ROOM = ("tinyamp.fast", "tinyamp.cuda")
+ROW = re.compile(r"^\| (\d+) \| `(tinyamp/[\w/]+\.py)` \| (.+?) \| (\d+) \|$")
+
+# Each mechanism of Micikevicius et al. (2018), where it is written, and the most lines it may take.
+MECHANISMS = {
+    "rounding to FP16": [rounding.round_to_float16],
+    "the op policy": [autocast.target_dtype, autocast._eligible, autocast._cast],
+    "the Tensor Core product": [kernels.product],
+    "the master-weight step": [MasterWeights.step, MasterWeights._round_into_model],
+    "the loss-scale rule and its states": [ScaleRule.next, ScaleRule.state],
+    "the overflow check and skip": [LossScaler.unscale_, LossScaler.step],
+    "the backward walk": [autograd.backward],
+}
+ONE_SCREEN = 60
+
+
+def reading_path() -> list[tuple[str, str, int]]:
+    """(module path, what it teaches, line count claimed) for each row of the README's table."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Read the code", 1)[1].split("\n## ", 1)[0]
+    return [(m[2], m[3], int(m[4])) for line in section.splitlines() if (m := ROW.match(line))]
+
+
+def lines_of(path: str) -> int:
+    return len((ROOT / path).read_text().splitlines())
+
+
+def test_the_reading_path_is_within_its_budget_and_the_readme_counts_are_true(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = reading_path()
+    assert len(path) >= 8, "the README's 'Read the code' table was not found"
+    measured = [(module, lines_of(module)) for module, _, _ in path]
+    total = sum(n for _, n in measured)
+    with capsys.disabled():
+        print(f"\nreading path: {len(path)} modules, {total} lines (budget {BUDGET})")
+        for module, n in measured:
+            print(f"  {n:5d}  {module}")
+    wrong = [f"{m}: README says {claimed}, the file has {n}" for (m, _, claimed), (_, n) in zip(path, measured)
+             if claimed != n]  # fmt: skip
+    assert not wrong, "update the README's line counts:\n" + "\n".join(wrong)
+    assert total <= BUDGET
+    assert f"| | total | | {total} |" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_each_mechanism_fits_on_one_screen_on_the_reading_path(mechanism: str) -> None:
+    on_path = {module for module, _, _ in reading_path()}
+    for fn in MECHANISMS[mechanism]:
+        source, _ = inspect.getsourcelines(fn)
+        module = Path(inspect.getsourcefile(fn)).resolve().relative_to(ROOT).as_posix()
+        assert module in on_path, f"{fn.__qualname__} ({mechanism}) is in {module}, not on the reading path"
+        assert len(source) <= ONE_SCREEN, f"{fn.__qualname__} ({mechanism}) takes {len(source)} lines"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The tinyamp modules that `path` imports at any level (``from tinyamp import x`` counts as tinyamp.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] == "tinyamp"}
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of module `name`, or None for a name that is not a module (a function, a class)."""
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def reachable_from(path: Path) -> dict[str, str]:
+    """Every tinyamp module `path` reaches through imports, with the module it was reached from.
+
+    Importing ``tinyamp.x.y`` runs the package files ``tinyamp/x/__init__.py`` too, so they are
+    followed; ``tinyamp/__init__.py`` is not: it is where the engine room is registered, the one
+    place allowed to know both sides.
+    """
+    seen: dict[str, str] = {}
+    todo = [(path, "the module itself")]
+    while todo:
+        file, via = todo.pop()
+        for name in imported_modules(file):
+            parts = name.split(".")
+            for i in range(2, len(parts) + 1):  # the packages on the way, then the module
+                prefix = ".".join(parts[:i])
+                target = module_file(prefix)
+                if target is not None and prefix not in seen:
+                    seen[prefix] = str(file.relative_to(ROOT))
+                    todo.append((target, prefix))
+    return seen
+
+
+def test_no_module_of_the_reading_path_reaches_the_engine_room() -> None:
+    for module, _, _ in reading_path():
+        reached = reachable_from(ROOT / module)
+        engine = {name: via for name, via in reached.items() if name.startswith(ENGINE_ROOM)}
+        names = ", ".join(f"{n} (from {v})" for n, v in engine.items())
+        assert not engine, f"{module} reaches the engine room: {names}"
+
+
+def test_the_engine_room_is_registered_only_by_the_package() -> None:
+    """Outside the engine room itself, only tinyamp/__init__.py (the wiring) and the command line
+    (``tinyamp info`` reports the cast implementation; training runs call keep_freed_memory) import it."""
+    allowed = {"tinyamp/__init__.py", "tinyamp/cli.py"}
+    for file in sorted((ROOT / "tinyamp").rglob("*.py")):
+        rel = file.relative_to(ROOT).as_posix()
+        if rel.startswith(("tinyamp/fast/", "tinyamp/cuda/")) or rel in allowed:
+            continue
+        engine = {name for name in imported_modules(file) if name.startswith(ENGINE_ROOM)}
+        assert not engine, f"{rel} imports {sorted(engine)}"
+
+
+def test_import_tinyamp_registers_the_engine_room() -> None:
+    assert tinyamp.ENGINE_ROOM == "on"
+    assert kernels._engine_room["cast"] and kernels._engine_room["product"]
