@@ -5,7 +5,7 @@
 
 Times are medians of interleaved rounds (see timing.py); ratios compare contenders
 measured side by side in this one run.  The process keeps 64 MB of freed memory mapped
-(tinyamp.allocator.keep_freed_memory, as the tinyamp command does): otherwise whether a
+(tinyamp.keep_freed_memory, as the tinyamp command does): otherwise whether a
 step pays thousands of page faults depends on what ran before it in the process.
 """
 

@@ -526,3 +526,18 @@ def test_tensor_keeps_an_array_on_its_own_device(device: str) -> None:
     copy = ta.tensor(on_device.data)  # no device given: where the array already is
     assert copy.device == device and copy.data is not on_device.data
     assert ta.tensor([1.0]).device == "cpu"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_gradients_of_0d_tensors_are_0d_arrays(dtype: str) -> None:
+    """NumPy's arithmetic on 0-d arrays returns scalars; every gradient must still be an array
+    (an optimizer and the loss scaler change it in place)."""
+    w = ta.tensor(0.5, dtype=dtype, requires_grad=True)
+    u = w * w
+    u.retain_grad()
+    loss = u * w + w  # w reaches the loss by three paths: their gradients are summed
+    loss.backward()
+    for g in (w.grad, u.grad):
+        assert isinstance(g, np.ndarray) and g.shape == () and g.dtype == np.dtype(dtype)
+    assert float(w.grad) == 3 * 0.5**2 + 1 and float(u.grad) == 0.5
+    assert isinstance(loss.data, np.ndarray) and loss.data.shape == ()  # forward outputs are arrays too

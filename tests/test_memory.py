@@ -57,6 +57,7 @@ def test_checkpointing_lowers_the_measured_peak_of_a_deep_step() -> None:
     assert checked * 2 < plain, (plain, checked)
 
 
+@pytest.mark.skipif(ta.ENGINE_ROOM == "off", reason="measures peak memory with the engine room's in-block casts")
 def test_step_peak_bytes_measures_both_regimes_and_mixed_saves_where_activations_dominate() -> None:
     from tinyamp.inspect.memory import step_peak_bytes
 

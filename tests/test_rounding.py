@@ -82,3 +82,12 @@ def test_an_overflow_warns_as_numpy_does() -> None:
     with pytest.warns(RuntimeWarning, match="overflow"):
         out = round_to_float16(np.array([1.0, 70000.0], F32))
     assert out.tolist() == [1.0, np.inf]
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 4), (2, 0, 5)])
+def test_any_shape_keeps_its_shape(shape: tuple[int, ...]) -> None:
+    """0-d included: NumPy's arithmetic on 0-d arrays returns scalars, which the formulas must not."""
+    x = np.full(shape, 1.5 + 2**-12, F32)  # a value that rounds
+    h = round_to_float16(x)
+    assert isinstance(h, np.ndarray) and h.shape == shape and same_bits(h, x.astype(F16))
+    assert isinstance(widen_float16(h), np.ndarray) and same_bits(widen_float16(h), h.astype(F32))

@@ -6,10 +6,9 @@
 
 Inside the block, every op listed in the policy (``tinyamp.policy``) casts its floating
 inputs first: "lower" ops to float16 (or bfloat16), "fp32" ops to float32.  The ops ask
-through ``cast_inputs(op, *tensors)`` and ``output_dtype(op)``, which do nothing
-outside a block.
-Each cast is an ordinary differentiable Cast node, so its gradient is cast back: the
-float16 gradient of a float32 weight's copy arrives at the weight as float32.
+through ``cast_inputs(op, *tensors)`` and ``output_dtype(op)``, which change nothing
+outside a block.  Each cast is an ordinary differentiable Cast node, so its gradient is
+cast back: the float16 gradient of a float32 weight's copy arrives at the weight as float32.
 
 A parameter (a leaf that requires grad) is cast *once per block* and the copy is reused
 by every op that reads it: a weight shared by two layers is rounded once, and its two
@@ -83,7 +82,7 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
         log_casts: bool = False,
     ) -> None:
         self.dtype = dtypes.resolve(dtype)
-        if self.dtype.itemsize != 2 or not dtypes.is_floating(self.dtype):
+        if not dtypes.is_16bit(self.dtype):
             raise ValueError(f"autocast lowers to a 16-bit float (float16 or bfloat16); got {self.dtype}")
         self.enabled = enabled
         self.policy = dict(_policy.DEFAULT_POLICY)
@@ -138,7 +137,7 @@ class autocast:  # noqa: N801  (lowercase: it reads as a verb, like no_grad)
         # alone (a float64 computation asked for its precision on purpose).
         if not isinstance(t, Tensor) or t.dtype == target or not dtypes.is_floating(t.dtype):
             return False
-        return t.dtype == dtypes.float32 if target.itemsize == 2 else t.dtype.itemsize < target.itemsize
+        return t.dtype == dtypes.float32 if dtypes.is_16bit(target) else t.dtype.itemsize < target.itemsize
 
     def _cast(self, op: str, t: Tensor, target: np.dtype) -> Tensor:
         # Only copies that carry a graph are cached: a copy made under no_grad() has no

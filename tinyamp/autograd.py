@@ -74,7 +74,9 @@ def topological_order(root: Any) -> list[Any]:
         elif fn not in visited:  # marked when expanded, not when pushed: a node can be pushed twice
             visited.add(fn)
             stack.append((fn, True))
-            stack.extend((t._ctx, False) for t in fn.inputs if t._ctx is not None and t._ctx not in visited)
+            for t in fn.inputs:
+                if t._ctx is not None and t._ctx not in visited:
+                    stack.append((t._ctx, False))
     order.reverse()
     return order
 
@@ -100,7 +102,8 @@ def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
                 f"backward through {fn.name} a second time: its saved arrays were freed by the first "
                 "backward. Pass retain_graph=True to the first call if you need two."
             )
-        _keep_retained(fn, g)
+        if fn.output_ref is not None:  # retain_grad() asked for the gradient of this node's output
+            _keep_retained(fn, g)
         input_grads = fn.backward(g)
         for hook in hooks:
             hook("backward", fn, input_grads)
@@ -178,8 +181,8 @@ def _accumulate_leaf(t: Any, g: Any, handed: set[int]) -> None:
 
 
 def _keep_retained(fn: Any, g: Any) -> None:
-    """Store the gradient of a node's output in that tensor's .grad if retain_grad() asked for it."""
-    out = fn.output_ref() if fn.output_ref is not None else None
+    """Store the gradient of a node's output in that tensor's .grad (if the tensor still exists)."""
+    out = fn.output_ref()
     if out is not None:  # a copy: g may be a read-only view, or reach a leaf's .grad too
         out.grad = g.copy() if out.grad is None else _sum(out.grad, g)
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp import autograd
+from tinyamp.autograd import hooks
 from tinyamp.grad_mode import is_grad_enabled
 from tinyamp.tensor import Tensor
 
@@ -50,7 +51,7 @@ class Function:
             raise ValueError(f"{cls.__name__} got inputs of shapes {shapes}: {exc}") from None
         if isinstance(out, np.generic):  # NumPy's arithmetic on 0-d arrays returns scalars
             out = np.asarray(out)
-        for hook in autograd.hooks:
+        for hook in hooks:
             hook("forward", fn, (out,))
         needs = tuple(t.requires_grad for t in inputs)
         if not (is_grad_enabled() and True in needs):

@@ -66,6 +66,8 @@ def cast(x: Any, dtype: Any, out: Any = None) -> Any:
     float32 <-> float16 on NumPy: the formulas of rounding.py; on a GPU, and for every other
     pair of dtypes, the array library's own conversion.
     """
+    if out is None and x.dtype == dtype:
+        return x  # nothing to convert
     result = _faster("cast", x, dtype, out)
     if result is NotImplemented:
         dtype = np.dtype(dtype)

@@ -10,8 +10,8 @@ The table is plain data (op name -> rule), printable and changeable:
   unrounded (for a final layer whose output feeds a loss).
 * ``"fp32"``: floating inputs are cast to float32, and the output is float32.  For ops
   whose float16 result overflows, underflows or loses the sum: exp (e^12 > 65504),
-  log of tiny values, softmax and its log, losses, layer norm (squares of values over
-  256 exceed 65504), powers, and large reductions (a float16 running sum stalls at
+  log of tiny values, softmax and its log, losses, layer norm (the square of a float16
+  value of 256 or more exceeds 65504), powers, and large reductions (a float16 running sum stalls at
   2048 when adding ones).
 * ``"promote"``: mixed inputs are cast to the widest floating dtype among them
   (float16 + float32 -> float32); this is what elementwise ops do anyway.
@@ -53,13 +53,13 @@ WHY: dict[str, str] = {
     "matmul": "FP16 products are exact in FP32; accumulate in FP32, round once",
     "linear": "as matmul; the bias is added to the FP32 accumulator before rounding",
     "softmax": "exp overflows FP16 for inputs above 11.09",
-    "log_softmax": "log of probabilities below 6e-8 is -inf in FP16",
+    "log_softmax": "probabilities at or below 2^-25 (3e-8) round to 0 in FP16: their log is -inf",
     "cross_entropy": "a loss is a large sum of small terms",
     "layer_norm": "the variance squares values: 256^2 > 65504",
     "exp": "e^x overflows FP16 for x > 11.09",
-    "log": "its inputs are often tiny; FP16 flushes them below 6e-8",
+    "log": "its inputs are often tiny; FP16 rounds them to 0 at or below 2^-25 (3e-8)",
     "pow": "powers overflow and underflow quickly",
-    "sum": "a FP16 running sum stalls at 2048 when adding ones",
+    "sum": "an FP16 running sum of ones stalls at 2048 (2048 + 1 rounds to 2048)",
     "mean": "a sum first, then a division",
     "add": "promote mixed inputs",
     "sub": "promote mixed inputs",

@@ -45,6 +45,7 @@ KEEP_SIGN_AND_MAGNITUDE = np.int32(-0x70000001)  # 0x8FFFFFFF as int32: clears b
 
 def round_to_float16(x: np.ndarray) -> np.ndarray:
     """float32 array -> float16, to nearest even, through one float32 addition per element."""
+    shape, x = x.shape, x.reshape(-1)  # 1-D: NumPy's arithmetic on a 0-d array would return a scalar
     bits = x.view(np.uint32)
     magnitude = bits & 0x7FFFFFFF
     power = np.maximum((magnitude & EXPONENT_FIELD) + TO_FLOAT16_ULP, SUBNORMAL_MAGIC)  # P, as bits
@@ -56,11 +57,12 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     special = magnitude >= ROUNDS_TO_INF  # overflow, inf, NaN
     if special.any():
         out[special] = x[special].astype(np.float16)
-    return out
+    return out.reshape(shape)
 
 
 def widen_float16(h: np.ndarray) -> np.ndarray:
     """float16 array -> float32, exactly: a shift, a mask and one multiplication by 2^112."""
+    shape, h = h.shape, h.reshape(-1)  # 1-D: NumPy's arithmetic on a 0-d array would return a scalar
     # As int32 the sign is copied into bits 16-31; after the shift one copy sits on bit 31
     # (float32's sign) and the mask clears the others (bits 28-30).
     bits = (h.view(np.int16).astype(np.int32) << 13) & KEEP_SIGN_AND_MAGNITUDE
@@ -68,4 +70,4 @@ def widen_float16(h: np.ndarray) -> np.ndarray:
     special = (h.view(np.uint16) & 0x7FFF) >= FLOAT16_INF_BITS  # inf, NaN
     if special.any():
         out[special] = h[special].astype(np.float32)
-    return out
+    return out.reshape(shape)

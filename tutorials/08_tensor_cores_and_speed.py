@@ -104,7 +104,7 @@ assert float(F32(x) * F32(x)) == float(x) ** 2 != float(x * x)
 #
 # NumPy has no FP16 matrix product in its BLAS, so tinyamp computes one literally as Tensor
 # Cores do: widen both FP16 operands to FP32 (exact), multiply-accumulate in FP32 with the
-# FP32 BLAS routine (sgemm), and round the FP32 result to FP16 once (`tinyamp/ops/matmul.py`).
+# FP32 BLAS routine (sgemm), and round the FP32 result to FP16 once (`tinyamp.kernels.product`).
 # We check that the output has exactly the bits of that recipe written out by hand.
 
 # %%
@@ -343,7 +343,7 @@ assert speed_path.exists()
 # On a GPU the numbers printed above are what this run measured: the ratio of the CuPy float16
 # and float32 lines is what the hardware offers. tinyamp's line should sit on the CuPy float16
 # one: on a GPU its float16 products are single cuBLAS GemmEx calls with FP32 compute
-# (`tinyamp/ops/cublas_gemm.py`), the same numerics as section 2 done by the Tensor Cores.
+# (`tinyamp/cuda/gemm.py`), the same numerics as section 2 done by the Tensor Cores.
 #
 # ## Summary
 #

@@ -107,8 +107,8 @@ def flushes_to_zero(x: Any, fmt: str = "float16") -> np.ndarray:
 
     Round to nearest sends every magnitude below half the smallest subnormal to 0, and
     the tie at exactly half goes to the even neighbour, which is 0 as well; anything
-    above half rounds up to the smallest subnormal.  One comparison per value instead of
-    a cast (NumPy's cast costs ~60 ns per element on exactly these tiny values).
+    above half rounds up to the smallest subnormal.  One comparison per value instead of a
+    cast, whose NumPy implementation is at its slowest on exactly these tiny values.
     """
     return np.abs(np.asarray(x)) <= get_format(fmt).min_subnormal / 2
 

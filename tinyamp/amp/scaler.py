@@ -177,7 +177,7 @@ class LossScaler:
         self._phase, self._step_just_updated = "scaled", False
         if self.rule.mode == "off":
             return loss
-        if loss.dtype.itemsize < 4:
+        if dtypes.is_16bit(loss.dtype):
             # 2^16 * loss overflows float16 (max 65504) for any loss >= 1; float32 holds it.  The
             # cast's backward rounds the gradient to float16 on the way into the network: that
             # rounding is the one loss scaling is for.  (That first gradient *is* the scale, so a

@@ -14,7 +14,6 @@ arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they 
 
 from __future__ import annotations
 
-from tinyamp import kernels
 from tinyamp.cuda import gemm, scaler_step, scatter, unscale
 
 IMPLEMENTATIONS = {
@@ -24,12 +23,6 @@ IMPLEMENTATIONS = {
     "step_on_device": scaler_step.step_on_device,
     "scatter_add": scatter.scatter_add,
 }
+# tinyamp/__init__.py registers them behind tinyamp.kernels
 
-
-def register() -> None:
-    """Put this package's implementations behind ``tinyamp.kernels`` (``tinyamp/__init__.py`` does it)."""
-    for name, implementation in IMPLEMENTATIONS.items():
-        kernels.register(name, implementation)
-
-
-__all__ = ["IMPLEMENTATIONS", "register"]
+__all__ = ["IMPLEMENTATIONS"]

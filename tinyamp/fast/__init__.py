@@ -13,7 +13,6 @@ every one), and hands every other case back with ``NotImplemented``.
 
 from __future__ import annotations
 
-from tinyamp import kernels
 from tinyamp.fast import bits16, casts
 from tinyamp.fast.allocator import keep_freed_memory
 
@@ -23,12 +22,6 @@ IMPLEMENTATIONS = {
     "relu": bits16.relu_kernel,
     "relu_backward": bits16.relu_backward_kernel,
 }
+# tinyamp/__init__.py registers them behind tinyamp.kernels
 
-
-def register() -> None:
-    """Put this package's implementations behind ``tinyamp.kernels`` (``tinyamp/__init__.py`` does it)."""
-    for name, implementation in IMPLEMENTATIONS.items():
-        kernels.register(name, implementation)
-
-
-__all__ = ["IMPLEMENTATIONS", "register", "keep_freed_memory", "casts", "bits16"]
+__all__ = ["IMPLEMENTATIONS", "keep_freed_memory", "casts", "bits16"]

@@ -4,26 +4,22 @@ A training step allocates and frees the same large arrays at every step: activat
 gradients, and on a CPU the FP32 widenings of FP16 operands.  NumPy gets that memory from
 the C library's ``malloc``.  glibc's ``malloc`` gives the free top of its heap back to the
 kernel once it passes a threshold (it "trims"), so the next step's arrays land on fresh
-pages, and the kernel zero-fills each 4 KiB page at its first touch: a page fault, a
-microsecond or so each.  Measured on the mixed-precision MLP step of the benchmarks
-(784-1024-1024-10, batch 256), run on its own: about 4,000 page faults a step, 27.7 ms
-a step against 19.8 ms without them; the demo's character transformer, whose 1 MB
-temporaries are above glibc's first mmap threshold, 34-37 ms against 22 ms in FP32.
-Whether it happens depends on the sizes and order of earlier allocations (after a few
-FP32 steps in the same process the MLP step did not fault).
+pages, and the kernel zero-fills each 4 KiB page at its first touch: a page fault per
+page.  Whether it happens depends on the sizes and order of earlier allocations; the
+README ("Faster on a CPU", Benchmarks) gives the page faults and step times measured with and without.
 
 ``mallopt(M_TOP_PAD, n)`` asks glibc to keep n bytes at the top of the heap when it trims
 (and to grow the heap n bytes at a time): the pages stay mapped and the faults go away.
 Arrays above glibc's mmap threshold (128 KiB at first, raised as such blocks are freed)
 get pages of their own from the kernel instead, fresh at every allocation; fixing the
 threshold at 32 MiB, the most glibc itself would raise it to, keeps the arrays of a step
-on the heap too.  (Measured: the NumPy-pass casts of a mixed-precision step, which
-allocate 256 KiB scratch blocks, still took ~5,900 page faults a step with the top pad
-alone, ~300 with both.)  The price is that up to n bytes of freed memory stay with the
-process.  It changes the whole process, so the library never does it on its own: the
-``tinyamp`` command calls it for its training runs, and a script can call
-``tinyamp.keep_freed_memory()`` itself (or set the environment variables ``MALLOC_TOP_PAD_`` and
-``MALLOC_MMAP_THRESHOLD_`` before Python starts).
+on the heap too (the NumPy-pass casts of tinyamp/fast/casts.py allocate 256 KiB scratch
+blocks).  The price is that up to n bytes of freed memory stay with the process.
+
+It changes the whole process, so the library never does it on its own: the ``tinyamp``
+command calls it for its training runs, and a script can call ``tinyamp.keep_freed_memory()``
+itself (or set the environment variables ``MALLOC_TOP_PAD_`` and ``MALLOC_MMAP_THRESHOLD_``
+before Python starts).
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ def _compile(fn):  # type: ignore[no-untyped-def]
 # numba computes with 64-bit integers unless told otherwise: the np.uint32(...) below keep
 # each value 32 bits wide, as the float32 bit patterns they are (and ``view`` needs that).
 # Each function makes two passes: the largest magnitude first (a loop the compiler turns
-# into a vector max), then the conversion.  Folding the check into the conversion loop
-# measured twice as slow.
+# into a vector max), then the conversion, which then has no branch for the rare cases.
 
 
 @_compile
