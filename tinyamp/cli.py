@@ -237,7 +237,7 @@ def _memory_table(results: list[Any], device: str = "cpu") -> str:
 
         def total(role: str, held: dict[str, dict[str, int]] = held) -> str:
             n = sum(held.get(role, {}).values())
-            return f"{n / 1024:.0f} KiB" if n else "-"
+            return f"{n / 1024:.0f} KiB" if n else "-"  # one unit for the whole column, so that rows compare
 
         peak = f"{r.memory['peak_step_bytes'] / 1024:.0f} KiB"
         lines.append(

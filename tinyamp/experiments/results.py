@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tinyamp.units import format_bytes
+
 SCHEMA = "tinyamp-results/1"
 
 UNDERFLOW_NOTE = (
@@ -74,10 +76,6 @@ def _percent(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
-def _bytes(n: int) -> str:
-    return f"{n / 1024:.0f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
-
-
 def format_table(results: Sequence[RegimeResult]) -> str:
     """The comparison table, one row per regime, with footnotes defining the measured columns."""
     if not results:
@@ -106,7 +104,7 @@ def format_table(results: Sequence[RegimeResult]) -> str:
                 "-" if r.scaler == "off" else f"{r.final_scale:g}",
                 _percent(r.underflow_fraction),
                 _percent(r.lost_update_fraction),
-                _bytes(r.saved_bytes),
+                format_bytes(r.saved_bytes, kib_decimals=0),
                 f"{r.ms_per_step:.2f}" if math.isfinite(r.ms_per_step) else "-",  # every step was measured
             ]
         )
