@@ -138,8 +138,8 @@ def multiply_(g: Any, factor: float) -> Any:
     """``g *= factor`` in place (unscaling: factor 1/S); returns sum(g^2) as a 0-d float64 array.
 
     The product is computed in float32 at least and rounded once into g's dtype.  For
-    1/S with S a power of two it only shifts exponents: exact, unless a value leaves the
-    format's range.  The sum is inf or NaN when g is not finite: the overflow check.
+    1/S with S a power of two it only shifts exponents: exact, unless a result overflows or
+    falls among the subnormals.  The sum is inf or NaN when g is not finite: the overflow check.
     """
     result = _faster("multiply_", g, factor)
     if result is NotImplemented:

@@ -380,7 +380,7 @@ class LossScaler:
     @classmethod
     def from_state_dict(cls, state_dict: dict[str, Any]) -> LossScaler:
         """A new scaler with the saved config and state."""
-        scaler = cls(**scaler_checks.saved_config(state_dict))
+        scaler = scaler_checks.built_from_saved_config(cls, state_dict)
         scaler.load_state_dict(state_dict)
         return scaler
 

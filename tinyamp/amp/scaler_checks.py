@@ -101,15 +101,14 @@ def state_dict(scaler: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def saved_config(d: Any) -> dict[str, Any]:
-    """The settings saved in a LossScaler state_dict, checked as a constructor would check them."""
+def built_from_saved_config(cls: Any, d: Any) -> Any:
+    """A new ``cls`` (LossScaler) with the settings saved in the state_dict `d`, or ScalerStateError."""
     if not isinstance(d, dict) or not isinstance(d.get("config"), dict):
         raise ScalerStateError("this is not a LossScaler state_dict: it has no 'config' dict")
     try:
-        checked_rule(**d["config"])
+        return cls(**d["config"])
     except (TypeError, ValueError) as exc:
         raise ScalerStateError(f"the saved config is not valid: {exc}") from exc
-    return d["config"]
 
 
 def validated_state(rule: ScaleRule, d: Any) -> tuple[float, int, int, bool, str, list[ScaleEvent]]:
