@@ -8,7 +8,7 @@ Sections, in order (each independent: a failing one prints its traceback, is mar
 FAILED in the table, and the run goes on):
 
 1. env          GPU, driver, CUDA runtime, versions, tinyamp.cuda_is_available(), and a smoke
-                test (cuBLAS loads, a float16 GemmEx product and a fused update kernel run)
+                test (cuBLAS loads, a float16 GemmEx product and a device-side scaler step run)
 2. matmul       tinyamp FP16 vs cuBLAS FP16 vs FP32 (no TF32) vs TF32 at n^3, results checked
 3. mlp          MLP training step, FP32 vs mixed precision: time and peak memory
 4. transformer  CharTransformer training step, FP32 vs mixed precision

@@ -123,7 +123,8 @@ def smoke_test(device: str) -> None:
 
     ``cupy.is_available()`` says True even when cuBLAS cannot be loaded or the float16
     headers are missing for NVRTC; this loads cuBLAS, checks one float16 product (exact on
-    small integers), and runs one mixed-precision step (the unscale and fused update kernels).
+    small integers), and runs one mixed-precision step (tinyamp/cuda/scaler_step.py: the scaled
+    sums of squares and the fused master updates).
     """
     from tinyamp import backend, nn, optim
     from tinyamp.amp import LossScaler, MasterWeights, autocast
@@ -138,7 +139,9 @@ def smoke_test(device: str) -> None:
         raise RuntimeError(f"float16 matmul on {device}: got {product.tolist()}, expected {expected.tolist()}")
     ta.manual_seed(0)
     model = nn.MLP([8, 16, 4]).to(device).half()
-    opt, scaler = MasterWeights(optim.SGD(model.parameters(), lr=0.1, momentum=0.9)), LossScaler(init_scale=2.0**10)
+    # untracked masters: the whole step on the device (the scaled sums of squares and the fused updates)
+    sgd = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt, scaler = MasterWeights(sgd, track_lost_updates=False), LossScaler(init_scale=2.0**10)
     x = ta.tensor(np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8), device=device)
     y = ta.tensor(np.array([0, 1, 2, 3]), device=device)
     with autocast():

@@ -2,8 +2,8 @@
 
 CuPy's own generators cannot be snapshotted, and activation checkpointing must replay
 dropout masks exactly, so on the GPU tinyamp draws from ``CounterGenerator``.  Its laws
-are checked here on the CPU, with the NumPy implementation of the same arithmetic; the
-CUDA kernel is checked against that implementation bit for bit where a GPU is present.
+are checked here on the CPU; the same arithmetic in CuPy's uint64 operations is checked
+against NumPy's bit for bit where a GPU is present.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def test_only_float32_is_drawn() -> None:
         CounterGenerator(0).random(3, dtype="float64")
 
 
-@pytest.mark.skipif(not ta.cuda_is_available(), reason="the CUDA kernel needs CuPy and a GPU")
-def test_cuda_kernel_draws_the_numpy_streams_bits() -> None:
+@pytest.mark.skipif(not ta.cuda_is_available(), reason="needs CuPy and a GPU")
+def test_cuda_draws_the_numpy_streams_bits() -> None:
     import cupy
 
     gpu, cpu = CounterGenerator(11, cupy), CounterGenerator(11)
