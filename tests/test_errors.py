@@ -7,6 +7,7 @@ devices involved, not just that something went wrong.
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -177,6 +178,34 @@ def test_cross_entropy_unknown_reduction_is_named() -> None:
         ta.cross_entropy(ta.zeros((2, 4)), [0, 1], reduction="average")
 
 
+@pytest.mark.parametrize(("logits_shape", "labels_shape"), [((0, 5), (0,)), ((2, 0, 5), (2, 0)), ((0, 1), (0,))])
+def test_cross_entropy_of_an_empty_batch_names_the_shapes_before_any_numpy_warning(
+    logits_shape: tuple, labels_shape: tuple, device: str
+) -> None:
+    """It used to return -0.0 (a perfect loss) and divide by N = 0 in backward; the scaler then counted a clean step."""
+    logits = ta.zeros(logits_shape, device=device, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would be raised here, and fail the match below
+        with pytest.raises(ValueError, match=esc("empty batch", logits_shape, labels_shape, "reduction='sum'")):
+            ta.cross_entropy(logits, np.zeros(labels_shape, dtype=np.int64))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_cross_entropy_sum_or_none_of_an_empty_batch_is_defined_and_warns_nothing(reduction: str) -> None:
+    logits = ta.zeros((0, 5), requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = ta.cross_entropy(logits, np.zeros(0, dtype=np.int64), reduction=reduction)
+        loss.sum().backward()
+    assert loss.shape == ((0,) if reduction == "none" else ()) and float(loss.sum().item()) == 0.0
+    assert logits.grad.shape == (0, 5)
+
+
+def test_cross_entropy_with_no_classes_names_the_shape() -> None:
+    with pytest.raises(ValueError, match=esc("(0, 0)", "no classes")):
+        ta.cross_entropy(ta.zeros((0, 0)), np.zeros(0, dtype=np.int64), reduction="sum")
+
+
 # ---- embedding ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(("idx", "low", "high"), [([0, 4], 0, 4), ([-1, 2], -1, 2), ([[1, 2], [9, -3]], -3, 9)])
 def test_embedding_index_out_of_range_names_the_range_and_values(idx: list, low: int, high: int, device: str) -> None:
@@ -202,6 +231,41 @@ def test_dropout_probability_out_of_range_names_it(p: float) -> None:
 def test_max_of_an_empty_tensor_names_the_shape(shape: tuple) -> None:
     with pytest.raises(ValueError, match=esc("empty", shape)):
         ta.zeros(shape).max()
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "axes"), [((0,), None, (0,)), ((0, 3), None, (0, 1)), ((0, 3), 0, (0,)), ((2, 0), -1, (1,))]
+)
+def test_mean_over_no_elements_names_the_shape_before_any_numpy_warning(
+    shape: tuple, axis: int | None, axes: tuple
+) -> None:
+    x = ta.zeros(shape, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's "Mean of empty slice" would be raised here instead
+        expected = esc(f"mean over axes {axes}", shape, "no elements", "is the batch empty?")
+        with pytest.raises(ValueError, match=expected):
+            x.mean(axis=axis)
+
+
+def test_mean_over_a_nonempty_axis_of_an_empty_tensor_is_empty() -> None:
+    x = ta.zeros((0, 3), requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = x.mean(axis=1)
+        y.sum().backward()
+    assert y.shape == (0,) and x.grad.shape == (0, 3)
+
+
+@pytest.mark.parametrize("axis", [None, 1])
+def test_max_of_a_nan_gives_nan_gradients_without_a_numpy_warning(axis: int | None) -> None:
+    x = ta.tensor([[np.nan, 1.0, 2.0], [0.0, 3.0, 3.0]], requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 0/0 of a NaN maximum (no element equals it) used to warn here
+        x.max(axis=axis).sum().backward()
+    if axis is None:
+        assert np.isnan(x.grad).all()
+    else:  # the row holding the NaN gets NaN gradients; the other splits its gradient between its two maxima
+        assert np.isnan(x.grad[0]).all() and x.grad[1].tolist() == [0.0, 0.5, 0.5]
 
 
 AXIS_OPS = {

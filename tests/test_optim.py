@@ -9,6 +9,7 @@ lr * |g| > 1e-5.  ``rtol=1e-11, atol=1e-13`` sits between the two.
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -396,7 +397,84 @@ def test_constructor_errors() -> None:
         optim.SGD([("0.weight", model[0].weight)] * 2, lr=0.1)
     with pytest.raises(ValueError, match="nesterov=True needs a momentum > 0"):
         optim.SGD(model.parameters(), lr=0.1, nesterov=True)
-    with pytest.raises(ValueError, match="learning rate must be >= 0"):
+    with pytest.raises(ValueError, match="Adam: lr must be a finite number >= 0; got lr=-1. Pass one, e.g. lr=1e-3"):
         optim.Adam(model.parameters(), lr=-1)
-    with pytest.raises(ValueError, match=r"betas must lie in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"betas must be a tuple of two numbers in \[0, 1\)"):
         optim.AdamW(model.parameters(), betas=(0.9, 1.0))
+
+
+# ---- hyperparameters: finite numbers, checked whenever they are set ----------------------------------------------
+MAKERS = {"SGD": lambda ps, **h: optim.SGD(ps, **{"lr": 0.1, **h}), "Adam": optim.Adam, "AdamW": optim.AdamW}
+NOT_FINITE_OR_NEGATIVE = [math.nan, math.inf, -math.inf, -1.0]
+BAD_HYPERPARAMETERS = [
+    *[(kind, "lr", v) for kind in MAKERS for v in NOT_FINITE_OR_NEGATIVE],
+    *[(kind, "weight_decay", v) for kind in MAKERS for v in NOT_FINITE_OR_NEGATIVE],
+    *[("SGD", "momentum", v) for v in NOT_FINITE_OR_NEGATIVE],
+    *[(kind, "eps", v) for kind in ("Adam", "AdamW") for v in NOT_FINITE_OR_NEGATIVE],
+]
+
+
+@pytest.mark.parametrize("kind, name, value", BAD_HYPERPARAMETERS)
+def test_a_hyperparameter_that_is_not_a_finite_number_at_least_0_is_refused_naming_it(
+    kind: str, name: str, value: float
+) -> None:
+    """SGD(lr=nan) used to run, turning every weight into NaN with no overflow for the scaler to see."""
+    expected = rf"^{kind}: {name} must be a finite number >= 0; got {name}={value!r}.*Pass one, e.g. {name}="
+    with pytest.raises(ValueError, match=expected):
+        MAKERS[kind]([nn.Parameter(np.ones(2))], **{name: value})
+    opt = MAKERS[kind]([nn.Parameter(np.ones(2))])
+    before = getattr(opt, name)
+    with pytest.raises(ValueError, match=expected):
+        setattr(opt, name, value)  # the way a schedule sets it between steps: opt.lr = ...
+    assert getattr(opt, name) == before
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_nan_or_inf_learning_rate_from_a_numpy_schedule_is_refused_before_any_step(value: float) -> None:
+    p = nn.Parameter(np.array([1.0, 2.0]))
+    opt = optim.SGD([p], lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="check the schedule"):
+        opt.lr = np.float64(value) * np.cos(0.0)  # a NumPy scalar, as a cosine schedule computes it
+    p.grad = np.array([1.0, 1.0])
+    opt.step()
+    np.testing.assert_array_equal(p.data, [0.9, 1.9])  # the step ran with lr 0.1
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda ps: optim.SGD(ps, lr="0.1"), TypeError, r"SGD: lr must be a number; got str '0.1'"),
+        (lambda ps: optim.SGD(ps, lr=True), TypeError, "SGD: lr must be a number; got bool True"),
+        (lambda ps: optim.Adam(ps, lr=None), TypeError, "Adam: lr must be a number; got NoneType None"),
+        (lambda ps: optim.SGD(ps, lr=0.1, nesterov="yes"), TypeError, "nesterov must be True or False; got 'yes'"),
+        (lambda ps: optim.Adam(ps, betas=(math.nan, 0.9)), ValueError, r"got betas=\(nan, 0.9\)"),
+        (lambda ps: optim.Adam(ps, betas=(0.9, math.inf)), ValueError, r"got betas=\(0.9, inf\)"),
+        (lambda ps: optim.AdamW(ps, betas=(0.9,)), ValueError, r"betas must be a tuple of two numbers"),
+        (lambda ps: optim.AdamW(ps, betas=(-0.1, 0.9)), ValueError, r"Pass e.g. betas=\(0.9, 0.999\)"),
+    ],
+)
+def test_hyperparameters_of_the_wrong_type_or_range_are_named(make: Callable, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        make([nn.Parameter(np.ones(2))])
+
+
+def test_a_learning_rate_of_0_is_allowed_and_moves_no_weight() -> None:
+    p = nn.Parameter(np.array([1.0, 2.0]))
+    opt = optim.SGD([p], lr=0.0, momentum=0.9, weight_decay=0.1)
+    p.grad = np.array([1.0, -1.0])
+    opt.step()
+    np.testing.assert_array_equal(p.data, [1.0, 2.0])
+    np.testing.assert_array_equal(opt.state[0]["momentum_buffer"], [1.1, -0.8])  # the momentum still updates
+    opt.lr = 0.5
+    assert opt.lr == 0.5
+
+
+def test_a_state_dict_with_a_nan_learning_rate_is_refused_and_changes_nothing() -> None:
+    model = nn.MLP([4, 8, 3])
+    opt = optim.Adam(model.named_parameters(), lr=0.01)
+    sd = opt.state_dict()
+    sd["hyperparameters"] = {**sd["hyperparameters"], "betas": [0.8, 0.9], "lr": math.nan}
+    target = optim.Adam(model.named_parameters(), lr=0.5)
+    with pytest.raises(optim.OptimizerStateError, match="hyperparameters do not fit: Adam: lr must be a finite"):
+        target.load_state_dict(sd)
+    assert (target.lr, target.betas) == (0.5, (0.9, 0.999))

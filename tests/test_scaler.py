@@ -70,6 +70,9 @@ def trajectory(scaler: LossScaler, flags: list[bool]) -> list[tuple[float, int]]
         (dict(growth_interval=True), ValueError, "growth_interval must be an int >= 1"),
         (dict(min_scale=0.0), ValueError, "min_scale must be > 0"),
         (dict(min_scale=2.0**17), ValueError, "min_scale <= init_scale <= max_scale"),
+        (dict(min_scale=2.0**17), ValueError, "or pass start_below_floor=True"),
+        (dict(min_scale=2.0**17, max_scale=2.0**16, start_below_floor=True), ValueError, "min_scale <= init_scale"),
+        (dict(start_below_floor=1), TypeError, "start_below_floor must be True or False"),
         (dict(max_scale=2.0**15), ValueError, "min_scale <= init_scale <= max_scale"),
         (dict(min_scale=0.1, scale_dtype="float32"), ValueError, "not exactly representable in float32"),
         (dict(mode="auto"), ValueError, "mode must be one of"),
@@ -98,6 +101,7 @@ def test_defaults_are_pytorchs_numbers_with_a_python_float_scale() -> None:
         scale_dtype="float64",
         warmup=False,
         growth_rule="interval",
+        start_below_floor=False,
     )
     assert (s.scale, s.growth_tracker, s.step_count, s.state, s.phase) == (65536.0, 0, 0, "steady", "ready")
     assert s.history == [] and s.last_report is None
@@ -346,12 +350,17 @@ def test_a_python_float_scale_stops_growing_below_inf() -> None:
 
 
 # ---- the presets against each library's published rule ------------------------------------------------
-def apex_reference(flags: list[bool], init: float, max_scale: float, window: int) -> list[float]:
-    """apex.amp.scaler.LossScaler.update_scale (dynamic, no min_loss_scale), Python floats."""
-    scale, unskipped, out = init, 0, []
+def apex_reference(
+    flags: list[bool], init: float, max_scale: float, window: int, min_scale: float | None = None
+) -> list[float]:
+    """apex.amp.scaler.LossScaler (dynamic): __init__, update_scale; Python floats (apex/amp/scaler.py, e13873de)."""
+    scale, unskipped, out = min(max_scale, init), 0, []  # scaler.py:47
     for overflow in flags:
         if overflow:
-            scale = scale / 2.0
+            if min_scale:  # scaler.py:204: None and 0 are no floor
+                scale = max(min_scale, scale / 2.0)
+            else:
+                scale = scale / 2.0
             unskipped = 0
         else:
             unskipped += 1
@@ -378,7 +387,11 @@ def keras_reference(flags: list[bool], init: float, growth_steps: int) -> list[f
 
 
 def jmp_reference(flags: list[bool], init: float, period: int, min_scale: float) -> list[float]:
-    """jmp.DynamicLossScale.adjust with factor 2, float32 arrays."""
+    """jmp.DynamicLossScale.adjust with factor 2, float32 arrays (jmp/_src/loss_scale.py:149-174 at 9c1cdbbf).
+
+    A Python-float min_loss_scale meets the float32 scale in jnp.maximum as a weakly typed
+    value: it is rounded to float32 first, as np.float32(min_scale) does here.
+    """
     scale, counter, out = np.float32(init), 0, []
     factor, floor = np.float32(2), np.float32(min_scale)
     with np.errstate(over="ignore"):
@@ -529,6 +542,7 @@ def test_preset_settings_and_table() -> None:
         "jmp": (2.0**15, 2000, 1.0, None, "float32"),
         "chainer": (1.0, 1000, 1.0, 65504.0, "float64"),
     }
+    starts_below_floor = {"pytorch": False, "apex": True, "keras": False, "jmp": True, "chainer": False}
     assert set(PRESETS) == set(expected)
     for name, (init, interval, low, high, dtype) in expected.items():
         c = LossScaler.preset(name).config
@@ -536,7 +550,11 @@ def test_preset_settings_and_table() -> None:
             init, interval, low, high, dtype,
         )  # fmt: skip
         assert (c["growth_factor"], c["backoff_factor"]) == (2.0, 0.5)
+        assert c["start_below_floor"] is starts_below_floor[name]
         assert name in presets_table() and PRESETS[name].source
+    row = {line.split()[0]: line.split() for line in presets_table().splitlines()[1:6]}
+    assert presets_table().split()[10] == "start_below_floor"
+    assert {name: row[name][10] for name in row} == {k: str(v) for k, v in starts_below_floor.items()}
     assert (
         LossScaler.preset("chainer").config["warmup"]
         and LossScaler.preset("chainer").config["growth_rule"] == "per_step"
@@ -545,6 +563,149 @@ def test_preset_settings_and_table() -> None:
         LossScaler.preset("torch")
     with pytest.raises(TypeError):
         PRESETS["pytorch"].settings["init_scale"] = 1.0  # type: ignore[index]
+
+
+# ---- what jmp and Apex accept, the presets accept (issue 15) ------------------------------------------------
+def test_jmp_preset_takes_a_floor_that_is_not_a_float32_and_uses_its_nearest_float32() -> None:
+    s = LossScaler.preset("jmp", min_scale=0.37, init_scale=1.0, growth_interval=1)
+    assert s.config["min_scale"] == f32(0.37) == 0.3700000047683716
+    flags = [T, T, T, F, F, T, T, T]  # 1 -> 0.5 -> floor -> floor, grow twice, back down to the floor
+    assert scales(s, flags) == jmp_reference(flags, 1.0, 1, 0.37)
+    assert s.history[2].event == "hit_floor" and s.state == "at_floor"
+    assert LossScaler.from_state_dict(s.state_dict()).state_dict() == s.state_dict()
+
+
+def test_plain_loss_scaler_still_refuses_a_floor_that_is_not_a_float32_value() -> None:
+    with pytest.raises(ValueError, match=r"min_scale=0.37 is not exactly representable in float32"):
+        LossScaler(min_scale=0.37, init_scale=1.0, scale_dtype="float32")
+
+
+@pytest.mark.parametrize("floor", [0.0, 0, 1e-50])  # 1e-50 rounds to 0 in float32, so jmp's floor is 0 too
+def test_jmp_preset_floor_of_zero_is_no_floor(floor: float) -> None:
+    s = LossScaler.preset("jmp", min_scale=floor, init_scale=2.0**-140, growth_interval=3)
+    assert s.config["min_scale"] is None
+    flags = [T] * 12  # down through float32's subnormals to 0, as jmp's float32 scale goes
+    assert scales(s, flags) == jmp_reference(flags, 2.0**-140, 3, floor)
+    assert s.scale == 0.0 and s.history[-1].event == "backed_off"
+
+
+def test_jmp_and_apex_presets_refuse_a_negative_floor_they_would_ignore() -> None:
+    for name in ("jmp", "apex"):
+        with pytest.raises(ValueError, match=r"min_scale must be > 0 \(or None\); got -1.0"):
+            LossScaler.preset(name, min_scale=-1.0)
+
+
+def test_jmp_preset_starts_below_its_floor_and_the_first_overflow_lifts_it_to_the_floor() -> None:
+    s = LossScaler.preset("jmp", init_scale=0.125, growth_interval=1)  # floor 1
+    assert (s.scale, s.state) == (0.125, "steady")
+    flags = [F, F, T, T, F]
+    events = [s.update(flag) for flag in flags]
+    assert [e.scale_after for e in events] == jmp_reference(flags, 0.125, 1, 1.0) == [0.25, 0.5, 1.0, 1.0, 2.0]
+    assert [e.event for e in events] == ["grew", "grew", "hit_floor", "hit_floor", "grew"]
+    assert events[2].scale_after > events[2].scale_before  # jmp's overflow *raises* a scale below the floor
+
+
+def test_plain_loss_scaler_starts_below_the_floor_only_when_asked() -> None:
+    with pytest.raises(ValueError, match="or pass start_below_floor=True to start below the floor"):
+        LossScaler(init_scale=0.5, min_scale=1.0)
+    s = LossScaler(init_scale=0.5, min_scale=1.0, start_below_floor=True, growth_interval=2)
+    assert scales(s, [F, T, T]) == [0.5, 1.0, 1.0]
+
+
+def test_apex_preset_starts_at_the_ceiling_when_init_scale_is_above_it() -> None:
+    for init in (2.0**30, math.inf):  # apex: min(max_loss_scale, init_scale), inf included
+        s = LossScaler.preset("apex", init_scale=init, growth_interval=2)
+        assert (s.scale, s.config["init_scale"], s.state) == (2.0**24, 2.0**24, "at_ceiling")
+        flags = [F, F, T, F, F]
+        expected = [2.0**24, 2.0**24, 2.0**23, 2.0**23, 2.0**24]
+        assert scales(s, flags) == apex_reference(flags, init, 2.0**24, 2) == expected
+    with pytest.raises(ValueError, match="min_scale <= init_scale <= max_scale"):
+        LossScaler(init_scale=2.0**30, max_scale=2.0**24)  # the plain constructor still refuses it
+
+
+@pytest.mark.parametrize("floor", [0.0, 0, None])
+def test_apex_preset_floor_of_zero_is_no_floor(floor: float | None) -> None:
+    s = LossScaler.preset("apex", min_scale=floor, init_scale=4.0)
+    assert s.config["min_scale"] is None
+    assert scales(s, [T, T, T, T]) == apex_reference([T] * 4, 4.0, 2.0**24, 2000, floor) == [2.0, 1.0, 0.5, 0.25]
+
+
+def test_apex_preset_starts_below_its_floor_like_apex() -> None:
+    flags = [F, T, F, T, T]
+    s = LossScaler.preset("apex", init_scale=2.0, min_scale=100.0, growth_interval=1)
+    assert scales(s, flags) == apex_reference(flags, 2.0, 2.0**24, 1, 100.0) == [4.0, 100.0, 200.0, 100.0, 100.0]
+
+
+# jmp's settings: any float32 start (below the floor too), any floor a float32 can hold or round to 0.
+jmp_inits = st.floats(2.0**-30, 2.0**40, width=32)
+jmp_floors = st.sampled_from([0.0, 1.0, 0.37, 1e-50]) | st.floats(0.0, 2.0**40)
+
+
+@given(flags=short_flags, period=st.integers(1, 4), init=jmp_inits, floor=jmp_floors)
+def test_jmp_preset_is_jmps_rule_for_every_setting_jmp_takes(
+    flags: list[bool], period: int, init: float, floor: float
+) -> None:
+    s = LossScaler.preset("jmp", growth_interval=period, init_scale=init, min_scale=floor)
+    assert scales(s, flags) == jmp_reference(flags, init, period, floor)
+    assert LossScaler.from_state_dict(s.state_dict()).state_dict() == s.state_dict()  # a checkpoint loads anywhere
+
+
+@given(
+    flags=short_flags,
+    window=st.integers(1, 4),
+    init=st.floats(1.0, 2.0**40) | st.just(math.inf),
+    floor=st.none() | st.just(0.0) | st.floats(1.0, 2.0**24),  # a floor above the ceiling: refused
+)
+def test_apex_preset_is_apexs_rule_for_every_setting_apex_takes(
+    flags: list[bool], window: int, init: float, floor: float | None
+) -> None:
+    s = LossScaler.preset("apex", growth_interval=window, init_scale=init, min_scale=floor)
+    assert scales(s, flags) == apex_reference(flags, init, 2.0**24, window, floor)
+    assert LossScaler.from_state_dict(s.state_dict()).state_dict() == s.state_dict()
+
+
+@st.composite
+def below_floor_configs(draw: Any) -> dict[str, Any]:
+    """A dynamic LossScaler config (tests/strategies.py) moved to start 2^1..2^12 below its floor (at most 2^127)."""
+    c = draw(scaler_configs())
+    c["min_scale"] = min(c["init_scale"] * 2.0 ** draw(st.integers(1, 12)), 2.0**127)  # init_scale <= 2^120
+    if c["max_scale"] is not None and c["max_scale"] < c["min_scale"]:
+        c["max_scale"] = None
+    return {**c, "start_below_floor": True}
+
+
+@given(config=below_floor_configs(), flags=overflow_flags(max_runs=6, max_run=30))
+def test_a_scaler_started_below_its_floor_is_floorless_until_the_first_overflow(
+    config: dict[str, Any], flags: list[bool]
+) -> None:
+    """start_below_floor's law: the trajectory without a floor up to the first overflow, >= the floor from then on."""
+    s, floorless = LossScaler(**config), LossScaler(**{**config, "min_scale": None, "start_below_floor": False})
+    first = flags.index(True) if True in flags else len(flags)
+    assert scales(s, flags[:first]) == scales(floorless, flags[:first])
+    for flag in flags[first:]:
+        assert s.update(flag).scale_after >= config["min_scale"]
+        assert LossScaler.from_state_dict(s.state_dict()).state_dict() == s.state_dict()
+
+
+def test_a_below_floor_scale_after_an_overflow_is_a_corrupt_state_dict() -> None:
+    s = LossScaler.preset("jmp", init_scale=0.25, growth_interval=1)
+    s.update(False)
+    d = s.state_dict()
+    assert LossScaler.from_state_dict(d).scale == 0.5 < 1.0  # below the floor before any overflow: valid
+    s.update(True)
+    d = s.state_dict()
+    bad = corrupt(corrupt(d, ("scale",), 0.5), ("history", "scale_after", 1), 0.5)
+    with pytest.raises(ScalerStateError, match="scale=0.5 is below min_scale=1.0"):
+        LossScaler.from_state_dict(bad)
+
+
+def test_a_state_dict_saved_before_start_below_floor_existed_still_loads() -> None:
+    s = driven("pytorch", [F, T, F], growth_interval=2)
+    old = corrupt(s.state_dict(), ("config", "start_below_floor"), KeyError)
+    assert LossScaler.from_state_dict(old).state_dict() == s.state_dict()
+    fresh = LossScaler.preset("pytorch", growth_interval=2)
+    fresh.load_state_dict(old)
+    assert repr(fresh) == repr(s)
 
 
 # ---- scaling and unscaling are exact for powers of two ---------------------------------------------------

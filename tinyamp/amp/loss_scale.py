@@ -25,6 +25,10 @@ overflows halves the scale through the subnormals to 0, as PyTorch's does too.  
 (``warmup=True``) lasts until the first overflow.  In static and off modes the scale never
 changes (event ``held``), and t counts consecutive clean steps.
 
+``min_scale`` bounds the backoff and ``max_scale`` the growth.  A scaler starts between them,
+unless ``start_below_floor=True`` (jmp and Apex allow it): then the scale grows as usual until
+the first overflow, which lifts it to ``min_scale`` (an overflow that *raises* the scale).
+
 With powers of two for the initial scale and both factors (the default) the scale stays
 a power of two, so scaling and unscaling only shift exponents: exact, unless a value
 overflows or lands among the subnormals.  ``growth_rule="per_step"`` (Chainer's
@@ -89,6 +93,7 @@ class ScaleRule:
     scale_dtype: str
     warmup: bool
     growth_rule: str
+    start_below_floor: bool
 
     def next(self, scale: float, tracker: int, overflow_seen: bool, found_inf: bool) -> tuple[float, int, bool, str]:
         """(scale, tracker, overflow_seen) after a step that found (or not) an inf or NaN, and the event."""

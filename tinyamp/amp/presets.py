@@ -9,16 +9,31 @@ NaN (and skip that step), multiply it by ``growth_factor`` after ``growth_interv
 consecutive clean steps.  Where they differ is the starting scale, the bounds, and the
 dtype the scale itself is stored in:
 
-==========  ==========  ===========  =========  ============  ===========  ======================
-preset      init        growth       interval   floor         ceiling      scale stored as
-==========  ==========  ===========  =========  ============  ===========  ======================
-pytorch     2^16        x2           2000       none          float32 max  float32
-apex        2^16        x2           2000       none          2^24         Python float
-keras       2^15        x2           2000       none          float32 max  float32
-jmp         2^15        x2           2000       1             float32 max  float32
-chainer     1           x2 per step  (warmup)   1             65504        Python float
+==========  ==========  ===========  =========  ============  ===========  ======================  ===========
+preset      init        growth       interval   floor         ceiling      scale stored as         start below
+                                                                                                   the floor
+==========  ==========  ===========  =========  ============  ===========  ======================  ===========
+pytorch     2^16        x2           2000       none          float32 max  float32                 no
+apex        2^16        x2           2000       none          2^24         Python float            yes
+keras       2^15        x2           2000       none          float32 max  float32                 no
+jmp         2^15        x2           2000       1             float32 max  float32                 yes
+chainer     1           x2 per step  (warmup)   1             65504        Python float            no
                         then x2^(1/1000) per clean step after the first overflow
-==========  ==========  ===========  =========  ============  ===========  ======================
+==========  ==========  ===========  =========  ============  ===========  ======================  ===========
+
+A preset takes the settings its library takes, and reads them as the library does
+(``ScalerPreset.kwargs``; the plain ``LossScaler`` refuses these, saying why):
+
+* jmp: ``min_scale`` becomes its nearest float32, because jmp compares it with the float32
+  scale in float32 (``jnp.maximum(self.min_loss_scale, self.loss_scale / self.factor)``,
+  jmp/_src/loss_scale.py:165 at jmp commit 9c1cdbbf, with JAX's default float32); 0 means no floor.
+* apex: ``min_scale=0`` means no floor (``if(self._min_loss_scale):``, apex/amp/scaler.py:204);
+  an ``init_scale`` above ``max_scale`` starts at ``max_scale``
+  (``self._loss_scale = min(max_loss_scale, init_scale)``, scaler.py:47; apex commit e13873de,
+  the last with apex.amp).
+* jmp and apex: an ``init_scale`` below ``min_scale`` runs (``start_below_floor=True``): the
+  scale grows as usual, and the first overflow lifts it to the floor (jmp's
+  ``jnp.maximum`` above; apex's ``max(self._min_loss_scale, self._loss_scale/2.)``, scaler.py:205).
 
 Differences from the originals, kept on purpose:
 
@@ -26,26 +41,65 @@ Differences from the originals, kept on purpose:
   never grows a scale to inf (the first inf would only appear after ~226,000 clean steps).
 * Chainer multiplies by 0.5 and 2 whatever its ``interval``; here those are the
   ``backoff_factor`` and ``growth_factor`` (0.5 and 2 in the preset).
+* jmp and apex treat a negative floor as no floor; tinyamp refuses it (a likely sign error):
+  pass 0 or None.  Apex also takes a ``min_scale`` above ``max_scale`` (its scale then jumps
+  between the two); tinyamp refuses it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from tinyamp.amp.loss_scale import round_scale
+
+
+def _as_given(settings: dict[str, Any]) -> dict[str, Any]:
+    return settings
+
+
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _as_jmp_reads(settings: dict[str, Any]) -> dict[str, Any]:
+    """jmp's floor is the float32 nearest to min_loss_scale (compared with the float32 scale); 0 is no floor."""
+    floor = settings.get("min_scale")
+    nearest = round_scale("float32", floor) if _finite_number(floor) else math.inf  # 0.37 -> 0.3700000047683716
+    if math.isfinite(nearest):  # beyond float32's range: left for LossScaler to refuse
+        settings["min_scale"] = None if nearest == 0 else nearest  # 0, or a floor that rounds to 0 (1e-50)
+    return settings
+
+
+def _as_apex_reads(settings: dict[str, Any]) -> dict[str, Any]:
+    """apex: a floor of 0 is no floor (it is falsy); the start is min(max_loss_scale, init_scale)."""
+    floor, init, ceiling = settings.get("min_scale"), settings.get("init_scale"), settings.get("max_scale")
+    if _finite_number(floor) and floor == 0:
+        settings["min_scale"] = None
+    if _finite_number(ceiling) and isinstance(init, numbers.Real) and not isinstance(init, bool) and init > ceiling:
+        settings["init_scale"] = ceiling  # an init_scale of inf too, as min(2.**24, inf) is 2.**24
+    return settings
+
 
 @dataclass(frozen=True)
 class ScalerPreset:
-    """One published loss-scaling rule: LossScaler keyword arguments and their source."""
+    """One published loss-scaling rule: LossScaler keyword arguments, their source, and how the library reads them."""
 
     name: str
     source: str  # one line: which class in which library, and the rule in words
     settings: Mapping[str, Any] = field(default_factory=dict)
+    reads: Callable[[dict[str, Any]], dict[str, Any]] = _as_given  # overridden settings, as the library reads them
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
+
+    def kwargs(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """The LossScaler keyword arguments: the settings with `overrides` on top, read as the library reads them."""
+        return self.reads({**self.settings, **overrides})
 
 
 PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
@@ -69,7 +123,8 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
             ScalerPreset(
                 "apex",
                 "apex.amp LossScaler (dynamic): 2^16, /2 on overflow, x2 after 2000 clean steps, "
-                "capped at max_loss_scale=2^24, no floor",
+                "capped at max_loss_scale=2^24, no floor; starts at min(max_loss_scale, init_scale), "
+                "min_loss_scale=0 is no floor, and a start below min_loss_scale runs until the first overflow",
                 dict(
                     init_scale=2.0**16,
                     growth_factor=2.0,
@@ -78,7 +133,9 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
                     min_scale=None,
                     max_scale=2.0**24,
                     scale_dtype="float64",
+                    start_below_floor=True,
                 ),
+                _as_apex_reads,
             ),
             ScalerPreset(
                 "keras",
@@ -96,8 +153,10 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
             ),
             ScalerPreset(
                 "jmp",
-                "jmp.DynamicLossScale (DeepMind): float32 scale 2^15, /factor=2 on overflow but never below "
-                "min_loss_scale=1, x2 after period=2000 clean steps unless the result is not finite",
+                "jmp.DynamicLossScale (DeepMind): float32 scale 2^15, max(min_loss_scale=1, scale/factor=2) on "
+                "overflow, x2 after period=2000 clean steps unless the result is not finite; "
+                "min_loss_scale is used as its nearest float32 (0: no floor), and a start below it runs "
+                "until the first overflow",
                 dict(
                     init_scale=2.0**15,
                     growth_factor=2.0,
@@ -106,7 +165,9 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
                     min_scale=1.0,
                     max_scale=None,
                     scale_dtype="float32",
+                    start_below_floor=True,
                 ),
+                _as_jmp_reads,
             ),
             ScalerPreset(
                 "chainer",
@@ -133,7 +194,7 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
 def presets_table() -> str:
     """The presets as a plain-text table (one row per preset, then its source line)."""
     columns = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale")
-    extra = ("scale_dtype", "warmup", "growth_rule")
+    extra = ("scale_dtype", "warmup", "growth_rule", "start_below_floor")
     header = ["preset", *columns, *extra]
     rows = []
     for p in PRESETS.values():
@@ -147,7 +208,7 @@ def presets_table() -> str:
     return "\n".join(lines)
 
 
-_DEFAULTS = {"scale_dtype": "float64", "warmup": False, "growth_rule": "interval"}
+_DEFAULTS = {"scale_dtype": "float64", "warmup": False, "growth_rule": "interval", "start_below_floor": False}
 
 
 def _fmt(value: Any) -> str:

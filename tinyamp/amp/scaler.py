@@ -85,12 +85,13 @@ class LossScaler:
         scale_dtype: str = "float64",
         warmup: bool = False,
         growth_rule: str = "interval",
+        start_below_floor: bool = False,
     ) -> None:
         """``init_scale`` defaults to 2^16 (1 when ``mode="off"``); ``mode`` is "dynamic", "static" or "off"."""
         self.rule = scaler_checks.checked_rule(
             init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, min_scale=min_scale, max_scale=max_scale, mode=mode,
-            scale_dtype=scale_dtype, warmup=warmup, growth_rule=growth_rule,
+            scale_dtype=scale_dtype, warmup=warmup, growth_rule=growth_rule, start_below_floor=start_below_floor,
         )  # fmt: skip
         self._scale, self._tracker, self._step_count, self._overflow_seen = self.rule.init_scale, 0, 0, False
         self._state = self.rule.state(self._scale, found_inf=False, overflow_seen=False)
@@ -106,11 +107,12 @@ class LossScaler:
     def preset(cls, name: str, **overrides: Any) -> LossScaler:
         """A scaler following a published rule: "pytorch", "apex", "keras", "jmp" or "chainer".
 
-        ``overrides`` replace single settings: ``LossScaler.preset("pytorch", growth_interval=100)``.
+        ``overrides`` replace single settings: ``LossScaler.preset("pytorch", growth_interval=100)``,
+        read as that library reads them (``presets.py`` says how).
         """
         if name not in PRESETS:
             raise ValueError(f"unknown loss-scaler preset {name!r}; the presets are {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name].settings, **overrides})
+        return cls(**PRESETS[name].kwargs(overrides))
 
     # ---- the state machine ----------------------------------------------------------------------
     def update(self, found_inf: bool) -> ScaleEvent:

@@ -40,8 +40,9 @@ def checked_rule(**c: Any) -> ScaleRule:
         raise ValueError(f"scale_dtype must be one of {SCALE_DTYPES}; got {c['scale_dtype']!r}")
     if c["growth_rule"] not in GROWTH_RULES:
         raise ValueError(f"growth_rule must be one of {GROWTH_RULES}; got {c['growth_rule']!r}")
-    if not isinstance(c["warmup"], bool):
-        raise TypeError(f"warmup must be True or False; got {c['warmup']!r}")
+    for key in ("warmup", "start_below_floor"):
+        if not isinstance(c[key], bool):
+            raise TypeError(f"{key} must be True or False; got {c[key]!r}")
     if c["mode"] != "dynamic" and (c["warmup"] or c["growth_rule"] != "interval"):
         raise ValueError(f"warmup and growth_rule only apply to mode='dynamic'; this scaler has mode={c['mode']!r}")
     growth = _number("growth_factor", c["growth_factor"])
@@ -84,10 +85,13 @@ def checked_rule(**c: Any) -> ScaleRule:
         c[key] = value
     low = c["min_scale"] if c["min_scale"] is not None else 0.0
     high = c["max_scale"] if c["max_scale"] is not None else math.inf
-    if not low <= c["init_scale"] <= high:
+    init = c["init_scale"]
+    if not (low <= init <= high or (c["start_below_floor"] and init < low <= high)):
+        # Below the floor, the first overflow would *raise* the scale to min_scale: allowed only when asked for.
+        hint = "; or pass start_below_floor=True to start below the floor, as jmp and Apex do"
         raise ValueError(
             f"the bounds must satisfy min_scale <= init_scale <= max_scale; got min_scale={c['min_scale']}, "
-            f"init_scale={c['init_scale']}, max_scale={c['max_scale']}"
+            f"init_scale={init}, max_scale={c['max_scale']}{hint if init < low <= high else ''}"
         )
     return ScaleRule(**c)
 
@@ -129,6 +133,8 @@ def validated_state(rule: ScaleRule, d: Any) -> tuple[float, int, int, bool, str
         missing, extra = sorted(expected - set(d)), sorted(set(d) - expected)
         raise fail(f"missing keys {missing}, unexpected keys {extra}")
     config = d["config"]
+    if isinstance(config, dict) and "start_below_floor" not in config:
+        config = {**config, "start_below_floor": False}  # saved before this setting existed, when it was always False
     own = asdict(rule)
     if config != own:
         if not isinstance(config, dict):
@@ -146,8 +152,6 @@ def validated_state(rule: ScaleRule, d: Any) -> tuple[float, int, int, bool, str
     scale, tracker, steps = d["scale"], d["growth_tracker"], d["step_count"]
     if not isinstance(scale, float) or not math.isfinite(scale) or scale < 0 or rule.round(scale) != scale:
         raise fail(f"scale={scale!r} is not a finite float >= 0 representable in {rule.scale_dtype}")
-    if rule.min_scale is not None and scale < rule.min_scale:
-        raise fail(f"scale={scale!r} is below min_scale={rule.min_scale!r}")
     if rule.max_scale is not None and scale > rule.max_scale:
         raise fail(f"scale={scale!r} is above max_scale={rule.max_scale!r}")
     if rule.mode != "dynamic" and scale != rule.init_scale:
@@ -158,6 +162,9 @@ def validated_state(rule: ScaleRule, d: Any) -> tuple[float, int, int, bool, str
     overflow_seen = d["overflow_seen"]
     if not isinstance(overflow_seen, bool):
         raise fail(f"overflow_seen={overflow_seen!r} is not a bool")
+    backed_off = rule.mode == "dynamic" and overflow_seen  # the floor binds from the first backoff on
+    if rule.min_scale is not None and scale < rule.min_scale and (backed_off or not rule.start_below_floor):
+        raise fail(f"scale={scale!r} is below min_scale={rule.min_scale!r}")
     interval_rule = rule.mode == "dynamic" and rule.growth_rule == "interval"
     if interval_rule and not (rule.warmup and not overflow_seen) and tracker >= rule.growth_interval:
         raise fail(f"growth_tracker={tracker} must be below growth_interval={rule.growth_interval}")

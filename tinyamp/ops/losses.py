@@ -2,7 +2,8 @@
 
 $L = -\\frac{1}{N} \\sum_n \\log \\mathrm{softmax}(z_n)_{y_n}$.  Its gradient is the
 classic $(\\mathrm{softmax}(z) - \\mathrm{onehot}(y)) / N$: computed directly, it needs
-no division by a probability that may have underflowed to zero.
+no division by a probability that may have underflowed to zero.  With N = 0 (an empty
+batch) the mean is 0/0: ``cross_entropy`` refuses it rather than return a loss that means nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class CrossEntropy(Function):
             return (-picked).reshape(labels.shape)
         total = -picked.sum(dtype=accumulation_dtype(picked.dtype))
         if reduction == "mean":
-            total = total / max(rows.shape[0], 1)
+            total = total / rows.shape[0]  # N >= 1: cross_entropy refuses an empty batch
         return xp.asarray(total, dtype=logits.dtype)
 
     def backward(self, g: Any) -> tuple[Any, None]:
@@ -68,6 +69,16 @@ def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean")
             f"got labels of shape {labels.shape}"
         )
     classes = logits.shape[-1]
+    if classes == 0:
+        raise ValueError(f"cross_entropy: logits of shape {logits.shape} have no classes (their last axis has size 0)")
+    if labels.size == 0 and reduction == "mean":
+        # Refused before NumPy computes anything: the mean of 0 losses is 0/0, and its backward would divide by
+        # N = 0.  A sum of 0 losses is 0, and reduction="none" returns no losses: both are defined.
+        raise ValueError(
+            f"cross_entropy got an empty batch: logits of shape {logits.shape} and labels of shape {labels.shape} "
+            "hold no examples, and the mean of no losses is undefined. Skip empty batches before the forward pass "
+            "(if len(y) == 0: continue), or pass reduction='sum'"
+        )
     if labels.size:
         xp = get_array_module(labels.data)
         # both bounds in one device-to-host read (two reads would be two GPU syncs per call)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from tinyamp import dtypes, kernels
 from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
@@ -84,7 +86,10 @@ class Max(Function):
         axes, keepdims = self.meta
         is_max = x == out
         count = is_max.sum(axis=axes, keepdims=True)
-        return (kernels.cast(_expand(g, axes, keepdims) * is_max / count, x.dtype),)
+        # A NaN maximum equals no element (count 0): 0/0 makes its gradients NaN, the honest answer (a loss
+        # scaler reports them and skips the step); NumPy's "invalid value" warning would only repeat that.
+        with np.errstate(invalid="ignore"):
+            return (kernels.cast(_expand(g, axes, keepdims) * is_max / count, x.dtype),)
 
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
@@ -94,11 +99,21 @@ def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Mean over `axis` (all axes when None); integer tensors average as float32."""
+    """Mean over `axis` (all axes when None); integer tensors average as float32.
+
+    A mean over no elements (an axis of size 0) is 0/0: an error here, where NumPy would warn
+    and return NaN.
+    """
+    axes = normalize_axes(axis, x.ndim)
+    if any(x.shape[a] == 0 for a in axes):
+        raise ValueError(
+            f"mean over axes {axes} of a tensor of shape {x.shape} averages no elements, which is undefined: "
+            "is the batch empty? Skip empty batches, or use sum, which is 0 over no elements"
+        )
     if not dtypes.is_floating(x.dtype):  # the mean of [1, 2] is 1.5, not the integer 1
         x = x.astype(dtypes.float32)
     (x,) = cast_inputs("mean", x)
-    return Mean.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
+    return Mean.apply(x, axes=axes, keepdims=keepdims)
 
 
 def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001

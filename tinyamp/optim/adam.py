@@ -35,15 +35,8 @@ class Adam(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ) -> None:
-        if lr < 0:
-            raise ValueError(f"learning rate must be >= 0; got lr={lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must lie in [0, 1); got betas={betas}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0; got eps={eps}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0; got weight_decay={weight_decay}")
         super().__init__(params)
+        # each value is checked as it is set (Optimizer.__setattr__, optimizer_checks.checked_hyperparameter)
         self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
 
     def update(self, w: Any, g: Any, state: dict[str, Any]) -> None:

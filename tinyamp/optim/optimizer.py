@@ -30,7 +30,8 @@ class Optimizer:
 
     ``params`` is an iterable of Tensors (``model.parameters()``) or of ``(name, Tensor)``
     pairs (``model.named_parameters()``, whose names then appear in error messages).
-    Hyperparameters are plain attributes: ``opt.lr = 1e-4`` changes the learning rate.
+    Hyperparameters are plain attributes: ``opt.lr = 1e-4`` changes the learning rate, and
+    every value is checked as it is set (``opt.lr = float("nan")`` is an error, not NaN weights).
     """
 
     hyperparameters: tuple[str, ...] = ("lr",)
@@ -44,6 +45,7 @@ class Optimizer:
                 value = value.item()
             elif isinstance(value, tuple):
                 value = tuple(v.item() if isinstance(v, np.generic) else v for v in value)
+            optimizer_checks.checked_hyperparameter(type(self).__name__, name, value)
         super().__setattr__(name, value)
 
     def __init__(self, params: Params) -> None:

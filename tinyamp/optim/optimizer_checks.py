@@ -1,4 +1,4 @@
-"""What an optimizer checks: the parameters it is given, and the checkpoints it loads.
+"""What an optimizer checks: the parameters it is given, its hyperparameters, and the checkpoints it loads.
 
 Each problem is an error that names the parameter and says what was expected, raised
 before anything changes.
@@ -6,6 +6,8 @@ before anything changes.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,6 +46,51 @@ def collect(params: Params) -> tuple[list[Tensor], list[str]]:
     return tensors, names
 
 
+# The hyperparameters that must be finite numbers >= 0: a typical value, and what a NaN or inf would do.
+# 0 turns a term off (lr=0 leaves the weights where they are while the moments update, as in PyTorch).
+_NAN_OR_INF_WEIGHTS = "the steps would make the weights NaN or inf"
+NON_NEGATIVE = {
+    "lr": ("1e-3", _NAN_OR_INF_WEIGHTS),
+    "momentum": ("0.9", _NAN_OR_INF_WEIGHTS),
+    "weight_decay": ("0.01", _NAN_OR_INF_WEIGHTS),
+    "eps": ("1e-8", "Adam divides by sqrt(v) + eps: NaN makes the weights NaN, inf zeroes every step"),
+}
+
+
+def checked_hyperparameter(optimizer: str, name: str, value: Any) -> Any:
+    """`value` for the hyperparameter `name` of the optimizer class `optimizer`, or an error naming both and the fix.
+
+    lr, momentum, weight_decay, eps: a finite number >= 0.  A NaN or inf lr would reach every
+    weight at the next step (``w -= lr * g`` gives inf or NaN), and a loss scaler cannot skip
+    that step: its gradients are finite.  betas: a tuple of two numbers in [0, 1).
+    nesterov: True or False.
+    """
+    if name in NON_NEGATIVE:
+        example, nan_or_inf = NON_NEGATIVE[name]
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(
+                f"{optimizer}: {name} must be a number; got {type(value).__name__} {value!r}. "
+                f"Pass a Python float, e.g. {name}={example}"
+            )
+        if not (math.isfinite(value) and value >= 0):
+            why = "" if math.isfinite(value) else f" ({nan_or_inf})"
+            schedule = "; if a learning-rate schedule computed it, check the schedule" if name == "lr" else ""
+            raise ValueError(
+                f"{optimizer}: {name} must be a finite number >= 0; got {name}={value!r}{why}. "
+                f"Pass one, e.g. {name}={example}{schedule}"
+            )
+    elif name == "betas":
+        ok = isinstance(value, tuple) and len(value) == 2
+        if not (ok and all(isinstance(b, numbers.Real) and not isinstance(b, bool) and 0 <= b < 1 for b in value)):
+            raise ValueError(
+                f"{optimizer}: betas must be a tuple of two numbers in [0, 1) (a beta of 1 keeps its moment at 0 and "
+                f"divides by 1 - beta^t = 0); got betas={value!r}. Pass e.g. betas=(0.9, 0.999)"
+            )
+    elif name == "nesterov" and not isinstance(value, bool):
+        raise TypeError(f"{optimizer}: nesterov must be True or False; got {value!r}")
+    return value
+
+
 def check_state_dict(optimizer: Any, state_dict: dict[str, Any]) -> None:
     """Raise OptimizerStateError unless `state_dict` was saved by an optimizer like this one, for these parameters."""
     kind = state_dict.get("optimizer")
@@ -57,6 +104,11 @@ def check_state_dict(optimizer: Any, state_dict: dict[str, Any]) -> None:
             f"the state_dict has hyperparameters {sorted(hyper)}; "
             f"{type(optimizer).__name__} has {sorted(optimizer.hyperparameters)}"
         )
+    for name, value in hyper.items():  # checked here too, so that a bad one changes nothing
+        try:
+            checked_hyperparameter(type(optimizer).__name__, name, tuple(value) if isinstance(value, list) else value)
+        except (TypeError, ValueError) as exc:
+            raise OptimizerStateError(f"the state_dict's hyperparameters do not fit: {exc}") from exc
     states = state_dict["state"]
     if len(states) != len(optimizer.params):
         raise OptimizerStateError(

@@ -24,16 +24,11 @@ class SGD(Optimizer):
     def __init__(
         self, params: Params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False
     ) -> None:
-        if lr < 0:
-            raise ValueError(f"learning rate must be >= 0; got lr={lr}")
-        if momentum < 0:
-            raise ValueError(f"momentum must be >= 0; got momentum={momentum}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0; got weight_decay={weight_decay}")
+        super().__init__(params)
+        # each value is checked as it is set (Optimizer.__setattr__, optimizer_checks.checked_hyperparameter)
+        self.lr, self.momentum, self.weight_decay, self.nesterov = lr, momentum, weight_decay, nesterov
         if nesterov and momentum == 0:
             raise ValueError("nesterov=True needs a momentum > 0")
-        super().__init__(params)
-        self.lr, self.momentum, self.weight_decay, self.nesterov = lr, momentum, weight_decay, nesterov
 
     def update(self, w: Any, g: Any, state: dict[str, Any]) -> None:
         mu = self.momentum
