@@ -378,11 +378,11 @@ def test_a_failed_write_leaves_the_old_checkpoint_and_no_temporary_file(
     original = path.read_bytes()
     train(model, opt, scaler, range(2, 3))
 
-    def crash(f: Any, **arrays: Any) -> None:
-        f.write(b"PK\x03\x04 half a zip")
+    def crash(f: Any, array: Any, **options: Any) -> None:
+        f.write(b"\x93NUMPY half an array")
         raise OSError("disk full")
 
-    monkeypatch.setattr(np, "savez", crash)
+    monkeypatch.setattr(np.lib.format, "write_array", crash)  # what save_checkpoint writes each array with
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, model, opt, scaler)
     monkeypatch.undo()
@@ -399,7 +399,7 @@ def test_a_member_that_is_not_what_the_metadata_says_is_reported_as_damaged(save
     path, (model, opt, scaler) = saved
     bad = tmp_path / "bad.npz"
     rewrite_member(path, bad, "model/0.weight.npy", b"not an npy file")
-    with pytest.raises(CheckpointError, match="damaged: its entry 'model/0.weight' is not a .npy array"):
+    with pytest.raises(CheckpointError, match="damaged: its entry 'model/0.weight.npy' is not a .npy array"):
         load_checkpoint(bad, model, opt, scaler)
     weight = model.state_dict()["0.weight"]
     rewrite_member(path, bad, "model/0.weight.npy", npy_bytes(weight.astype(np.float32)))

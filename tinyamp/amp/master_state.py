@@ -1,7 +1,8 @@
 """MasterWeights' checks (the optimizer it wraps, the checkpoints it loads) and its summary table.
 
 A checkpoint that does not fit (other parameter names, shapes or dtypes; a history of the
-wrong shape) is refused before anything changes, with every problem named.
+wrong shape; a master that is NaN or inf) is refused before anything changes, with every
+problem named.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tinyamp import backend, dtypes
+from tinyamp import backend, dtypes, kernels
 from tinyamp.amp.lost_updates import UpdateRecord
+from tinyamp.backend import get_array_module
 from tinyamp.optim.optimizer import Optimizer
 
 if TYPE_CHECKING:
@@ -108,6 +110,8 @@ def load(mw: MasterWeights, state_dict: dict[str, Any]) -> list[UpdateRecord]:
             elif not backend.is_array(value) or value.shape != master.shape or value.dtype != master.dtype:
                 got = f"{value.shape} {value.dtype}" if backend.is_array(value) else type(value).__name__
                 problems.append(f"master of {name}: expected {master.shape} {master.dtype}, got {got}")
+            elif bad := _count_nonfinite(value):  # a NaN master would train the model to NaN
+                problems.append(f"master of {name} holds {bad} non-finite values (NaN or inf)")
     fields = len(UpdateRecord._fields)
     history = state_dict.get("history")
     history = np.zeros((0, fields), np.int64) if history is None else backend.to_device(history, "cpu")
@@ -119,6 +123,41 @@ def load(mw: MasterWeights, state_dict: dict[str, Any]) -> list[UpdateRecord]:
     for name, master in zip(mw.names, mw.master_params):
         master.data[...] = backend.to_device(masters[name], master.device)
     return [UpdateRecord(*(int(x) for x in row)) for row in history]
+
+
+def _count_nonfinite(array: Any) -> int:
+    xp = get_array_module(array)
+    return int(xp.count_nonzero(~xp.isfinite(array)))
+
+
+def saved_copies_problem(mw: MasterWeights, state_dict: Any, saved_weights: list[Any]) -> str | None:
+    """What is wrong with the two copies of each weight in a checkpoint, or None.
+
+    A master must be finite, and the model's saved 16-bit weight must be its master rounded
+    once (``kernels.cast``, as ``step()`` rounds it).  save_checkpoint writes both from the
+    same masters, so they always agree; when they do not, the file was edited.
+    `saved_weights[i]` is the saved model value of parameter i (None if absent); anything
+    malformed is left to ``load``, which names it.
+    """
+    masters = state_dict.get("master") if isinstance(state_dict, dict) else None
+    for name, model, saved in zip(mw.names, mw.model_params, saved_weights):
+        master = masters.get(name) if isinstance(masters, dict) else None
+        if not (backend.is_array(master) and master.shape == model.shape and master.dtype == mw.master_dtype):
+            continue
+        bad = _count_nonfinite(master)
+        if bad:
+            return f"the master weight {name} holds {bad} non-finite values (NaN or inf) among {master.size}"
+        if backend.is_array(saved) and saved.shape == model.shape and saved.dtype == model.dtype:
+            bits = f"u{model.dtype.itemsize}"  # compared as bit patterns: -0.0 is not 0.0
+            differ = int(
+                get_array_module(saved).count_nonzero(kernels.cast(master, model.dtype).view(bits) != saved.view(bits))
+            )
+            if differ:
+                return (
+                    f"the model weight {name} differs from its master rounded to {model.dtype} in {differ} of "
+                    f"{master.size} elements, so the file was edited (to change a weight, edit its master)"
+                )
+    return None
 
 
 def summary(mw: MasterWeights) -> str:
