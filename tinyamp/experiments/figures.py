@@ -2,8 +2,17 @@
 
 matplotlib is optional (``pip install "tinyamp[plots]"``); it is imported only here, only
 when a figure is drawn, through its object API (``matplotlib.figure.Figure``: no pyplot,
-no window, no global state).  Every function takes the ``results.json`` document, so a
-figure can be redrawn from a saved file.
+no window, no global state).  Every function takes one task of the ``results.json``
+document, so a figure can be redrawn from a saved file.
+
+Each ``draw_*`` function returns the Figure (or None when the task has nothing for it to
+show), so that a test can read its artists; ``write_figures`` saves them.  The rules they
+keep, because a student takes a figure at its word:
+
+* every axes shows data, and a legend names only what is drawn;
+* a curve hidden under another (within a line width at every step) says so in its label;
+* text that explains a shape (a flat loss scale, updates lost as the learning rate reaches
+  0) is computed from the data it explains.
 """
 
 from __future__ import annotations
@@ -15,17 +24,22 @@ from typing import Any
 import numpy as np
 
 # The FP16 bands on a log2 axis: at or below 2^-25 (half the smallest subnormal, 2^-24)
-# a value rounds to 0; up to 2^-14 it is subnormal (fewer significant bits; values between
-# 2^-25 and 2^-24 round up to 2^-24); up to 65504 (just under 2^16) it is normal; above,
-# it overflows to inf.
+# a value rounds to 0 (2^-25 itself is a tie, to even: 0); up to 2^-14 it is subnormal
+# (fewer significant bits; values between 2^-25 and 2^-24 round up to 2^-24); below
+# 65520 it rounds to a normal value (65504 is the largest; 65520 is the tie between 65504
+# and 2^16, which rounds to even, to inf); from 65520 on it overflows to inf.
 FP16_BANDS = (
-    ("underflow: 0 in FP16", -80.0, -25.0, "#d62728"),
-    ("subnormal", -25.0, -14.0, "#ff7f0e"),
-    ("normal", -14.0, math.log2(65504.0), "#2ca02c"),
-    ("overflow: inf", math.log2(65504.0), 40.0, "#d62728"),
+    ("underflow to 0 (2^-25 and below)", -80.0, -25.0, "#d62728"),
+    ("subnormal (2^-25 to 2^-14)", -25.0, -14.0, "#ff7f0e"),
+    ("normal (2^-14 to 65504)", -14.0, math.log2(65520.0), "#2ca02c"),
+    ("overflow to inf (65520 and above)", math.log2(65520.0), 40.0, "#d62728"),
 )
 
 COLORS = {"fp32": "#000000", "fp16": "#d62728", "fp16-master": "#ff7f0e", "mixed": "#1f77b4", "bf16-mixed": "#9467bd"}
+LINE_WIDTH = 1.4  # points
+HIDDEN_DASHES = (0, (4.0, 3.0))  # a curve drawn over another is dashed, so the one beneath shows through
+TINY_LR = 0.01  # "the learning rate has reached ~0": below 1% of its peak
+FEW_POINTS = 20  # a series with fewer points gets markers: a lone measurement is a dot, not an invisible line
 
 
 def matplotlib_available() -> bool:
@@ -43,97 +57,321 @@ def _figure(width: float = 7.0, height: float = 4.2) -> Any:
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
-def _smooth(values: list[float], window: int) -> np.ndarray:
-    """A trailing moving average (the raw minibatch loss is noisy)."""
+def _values(series: list[Any]) -> np.ndarray:
+    """A results.json series as floats (null, written for NaN and for "not measured", becomes NaN)."""
+    return np.array([math.nan if v is None else v for v in series], dtype=np.float64)
+
+
+def _steps(result: dict[str, Any], n: int) -> np.ndarray:
+    """The step numbers of a per-step series of length `n`: a resumed run's series start where it resumed."""
+    return int(result.get("steps", n)) - n + np.arange(n)
+
+
+def _smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """A trailing moving average over the finite values of each window (the raw minibatch loss is noisy).
+
+    A step whose loss is NaN (a skipped, overflowed step) drops out of its windows instead of
+    turning every later average into NaN; a window with no finite value is NaN.
+    """
     v = np.asarray(values, dtype=np.float64)
     if window <= 1 or len(v) < window:
         return v
-    c = np.cumsum(np.insert(v, 0, 0.0))
-    head = c[1:window] / np.arange(1, window)
-    return np.concatenate([head, (c[window:] - c[:-window]) / window])
+    finite = np.isfinite(v)
+    total = np.cumsum(np.insert(np.where(finite, v, 0.0), 0, 0.0))
+    count = np.cumsum(np.insert(finite, 0, False).astype(np.int64))
+    starts = np.maximum(np.arange(1, len(v) + 1) - window, 0)  # the window ending at step i starts here
+    ends = np.arange(1, len(v) + 1)
+    n = count[ends] - count[starts]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (total[ends] - total[starts]) / np.maximum(n, 1), math.nan)
 
 
-def loss_curves(task: dict[str, Any], path: Path, title: str) -> Path:
-    """The training loss of every regime against the step (smoothed; log scale)."""
+def _scale_text(scale: float) -> str:
+    """A loss scale as written: 65536 while %g writes it exactly, 2^24 for a larger power of two."""
+    if f"{scale:g}" == f"{scale:.17g}" or not scale > 0 or not math.log2(scale).is_integer():
+        return f"{scale:g}"
+    return f"2^{int(math.log2(scale))}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def _hidden_under(fig: Any, ax: Any, lines: list[Any]) -> dict[int, tuple[int, bool]]:
+    """Which curves lie on an earlier one: {index: (index of the earlier curve, exactly equal?)}.
+
+    A curve is hidden when, at every step where either has a value, both have one and the
+    drawn strokes are less than a line width apart (in pixels, after the layout is done).
+    Among several earlier curves, an exact copy is named first, then the first one it lies on.
+    """
+    fig.draw_without_rendering()  # the layout fixes the axes' height, and so how far apart two values are drawn
+    found: dict[int, tuple[int, bool]] = {}
+    for j, b in enumerate(lines):
+        xb, yb = np.asarray(b.get_xdata(), dtype=np.float64), np.asarray(b.get_ydata(), dtype=np.float64)
+        width = b.get_linewidth() * fig.dpi / 72
+        candidates = []
+        for i, a in enumerate(lines[:j]):
+            xa, ya = np.asarray(a.get_xdata(), dtype=np.float64), np.asarray(a.get_ydata(), dtype=np.float64)
+            if (
+                xa.shape != xb.shape
+                or not np.array_equal(xa, xb)
+                or not np.array_equal(np.isfinite(ya), np.isfinite(yb))
+            ):
+                continue
+            both = np.isfinite(ya) & np.isfinite(yb)
+            if not both.any():
+                continue
+            if np.array_equal(ya[both], yb[both]):
+                candidates.append((0, i, True))
+                continue
+            pa = ax.transData.transform(np.column_stack([xa[both], ya[both]]))[:, 1]
+            pb = ax.transData.transform(np.column_stack([xb[both], yb[both]]))[:, 1]
+            if np.max(np.abs(pa - pb)) <= width:
+                candidates.append((1, i, False))
+        if candidates:
+            _, i, exact = min(candidates)
+            found[j] = (i, exact)
+    return found
+
+
+def _say_hidden(fig: Any, ax: Any, lines: list[Any], names: list[str], gap: Any, sep: str = " ") -> None:
+    """Relabel (and dash) each curve hidden under an earlier one; `gap(i, j)` says how far apart they are.
+
+    `sep` goes between the name and the note ("\n" for a narrow legend beside the axes).
+    """
+    for j, (i, exact) in _hidden_under(fig, ax, lines).items():
+        if exact:
+            lines[j].set_label(f"{names[j]}{sep}(identical to {names[i]})")
+        else:
+            lines[j].set_label(f"{names[j]}{sep}(on top of {names[i]}: {gap(i, j)})")
+        lines[j].set_linestyle(HIDDEN_DASHES)
+
+
+def draw_loss_curves(task: dict[str, Any], title: str) -> Any:
+    """The training loss of every regime against the step (smoothed; log scale when it falls by decades)."""
     fig = _figure()
     ax = fig.add_subplot()
-    spread = []
+    names, lines, smoothed = [], [], []
     for name, r in task["regimes"].items():
-        loss = [math.nan if v is None else v for v in r["series"]["loss"]]
+        loss = _values(r["series"]["loss"])
         smooth = _smooth(loss, max(1, len(loss) // 60))
-        ax.plot(np.arange(len(loss)), smooth, label=name, color=COLORS.get(name), lw=1.4)
-        spread += [np.nanmin(smooth), np.nanmax(smooth)]
-    if spread and min(spread) > 0 and max(spread) / min(spread) > 20:
-        ax.set_yscale("log")  # a loss falling by decades; a narrower range reads better on a linear axis
+        if not np.isfinite(smooth).any():
+            continue  # a loss that was never finite has nothing to draw
+        (line,) = ax.plot(_steps(r, len(loss)), smooth, label=name, color=COLORS.get(name), lw=LINE_WIDTH)
+        names.append(name)
+        lines.append(line)
+        smoothed.append(smooth)
     ax.set_xlabel("step")
     ax.set_ylabel("minibatch loss (moving average)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.savefig(path)
-    return path
+    if not lines:
+        return None
+    spread = np.concatenate([s[np.isfinite(s)] for s in smoothed])
+    if spread.min() > 0 and spread.max() / spread.min() > 20:
+        ax.set_yscale("log")  # a loss falling by decades; a narrower range reads better on a linear axis
+
+    def gap(i: int, j: int) -> str:
+        a, b = smoothed[i], smoothed[j]
+        both = np.isfinite(a) & np.isfinite(b) & (a != 0)
+        return f"at most {100 * np.max(np.abs(b[both] - a[both]) / np.abs(a[both])):.2g}% apart"
+
+    _say_hidden(fig, ax, lines, names, gap)
+    ax.legend(fontsize="small")
+    return fig
 
 
-def loss_scale(task: dict[str, Any], path: Path, title: str) -> Path:
-    """The loss scale of every regime that scales, with its skipped (overflowed) steps marked."""
+def draw_loss_scale(task: dict[str, Any], title: str) -> Any:
+    """The loss scale of every regime that scales, its skipped (overflowed) steps marked.
+
+    When no regime scales its loss, the scale they all ran at (1) is drawn, with any step
+    skipped because its gradients were not finite (a LossScaler in mode "off" still skips them).
+    """
     fig = _figure()
     ax = fig.add_subplot()
-    scaled = {n: r for n, r in task["regimes"].items() if r["scaler"] != "off"}
+    shown = {n: r for n, r in task["regimes"].items() if r["scaler"] != "off"}
+    scaling = bool(shown)
+    if not scaling:
+        shown = dict(task["regimes"])
+    names, lines, constant, scales = [], [], [], []
     low, high = math.inf, 0.0
-    for name, r in scaled.items():
-        scale = np.asarray(r["series"]["scale"], dtype=np.float64)
-        steps = np.arange(len(scale))
-        skipped = np.flatnonzero(r["series"]["skipped"])
-        label = f"{name} ({r['scaler']}): {skipped.size} skipped step{'s' * (skipped.size != 1)}"
-        ax.step(steps, scale, where="post", label=label, color=COLORS.get(name), lw=1.4)
+    skip_label = "skipped step (gradients not finite)"
+    for name, r in shown.items():
+        scale = _values(r["series"]["scale"])
+        steps = _steps(r, len(scale))
+        skipped = steps[np.flatnonzero(r["series"]["skipped"])]
+        unchanged = bool(np.all(scale == scale[0]))
+        scaler = f"{r['scaler']} scaler" if r["scaler"] != "off" else "no loss scaling"
+        first, last = _scale_text(scale[0]), _scale_text(scale[-1])
+        course = f"{first} throughout" if unchanged else f"{first} at first, {last} at the last step"
+        skips = _plural(skipped.size, "skipped step") if skipped.size else "no step skipped"
+        label = f"{name} ({scaler}): {course}, {skips}"
+        (line,) = ax.step(steps, scale, where="post", label=label, color=COLORS.get(name), lw=LINE_WIDTH)
         if skipped.size:  # the scale *before* the step: the one that overflowed
-            ax.plot(skipped, scale[skipped], "x", color="#d62728", ms=8, mew=2)
+            ax.plot(skipped, scale[skipped - steps[0]], "x", color="#d62728", ms=8, mew=2, label=skip_label)
+            skip_label = "_nolegend_"  # one legend entry for the markers of every regime
+        names.append(name)
+        lines.append(line)
+        constant.append(unchanged)
+        scales.append(scale)
         low, high = min(low, scale.min()), max(high, scale.max())
-    if not scaled:
-        ax.text(0.5, 0.5, "no regime used loss scaling", ha="center", va="center", transform=ax.transAxes)
-    else:
-        ax.set_yscale("log", base=2)
-        ax.set_ylim(low / 2, high * 2)  # a flat line is a scale that never overflowed: show room around it
-        ax.plot([], [], "x", color="#d62728", ms=8, mew=2, label="skipped step (gradients not finite)")
-        ax.legend()
+    steps_run = max(len(r["series"]["scale"]) for r in shown.values())
+    if not scaling:
+        title = f"{title}: no regime scaled its loss" + (f" (S = {_scale_text(low)})" if low == high else "")
+    elif all(constant):
+        title = f"{title}: never changed in {_plural(steps_run, 'step')}"
+    ax.set_yscale("log", base=2)
+    ax.set_ylim(low / 2, high * 2)  # a flat line is a scale that never overflowed: show room around it
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale S (the loss is multiplied by S)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    fig.savefig(path)
-    return path
+
+    def gap(i: int, j: int) -> str:
+        return f"at most a factor {np.nanmax(np.maximum(scales[i], scales[j]) / np.minimum(scales[i], scales[j])):.3g}"
+
+    _say_hidden(fig, ax, lines, names, gap)
+    ax.legend(fontsize="small")
+    return fig
 
 
-def measurements(task: dict[str, Any], path: Path, title: str) -> Path:
-    """Two panels over the steps: the share of gradient values lost to underflow, and of updates lost."""
-    fig = _figure(7.0, 5.6)
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    for name, r in task["regimes"].items():
-        if r["underflow_fraction"] is None:
-            continue  # FP32: nothing is rounded to 16 bits
-        m = r["measured"]
-        top.plot(m["step"], [100 * (math.nan if v is None else v) for v in m["underflow_fraction"]],
-                 label=name, color=COLORS.get(name), lw=1.2)  # fmt: skip
-        lost = [100 * n / c if c else math.nan for c, n in zip(m["changed"], m["lost"])]
-        bottom.plot(m["step"], lost, label=name, color=COLORS.get(name), lw=1.2)
-    top.set_ylabel("gradient values\nflushed to 0 (%)")
-    bottom.set_ylabel("updates lost\nin 16 bits (%)")
-    bottom.set_xlabel("step")
-    top.set_title(title)
-    for ax in (top, bottom):
+def _lost_percent(measured: dict[str, list[Any]]) -> np.ndarray:
+    """Per measured step: lost updates as a % of the elements the optimizer changed (NaN where none was)."""
+    return np.array([100 * n / c if c else math.nan for c, n in zip(measured["changed"], measured["lost"])])
+
+
+def _tiny_lr_from(lr: np.ndarray) -> int | None:
+    """The index from which the learning rate stays below TINY_LR of its peak to the end, or None."""
+    if lr.size == 0 or not lr.max() > 0:
+        return None
+    tiny = lr < TINY_LR * lr.max()
+    if not tiny[-1]:
+        return None
+    return int(np.flatnonzero(~tiny)[-1] + 1) if (~tiny).any() else 0
+
+
+def _explain_the_lr(ax: Any, task: dict[str, Any], lost: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """Draw the learning rate on the lost-updates panel, and shade where it has fallen to ~0.
+
+    An update is lr times a gradient-sized step, and a 16-bit weight keeps it only when it is
+    above half an ulp of the weight: as a schedule takes the lr to 0, every update is lost,
+    whatever the precision of the gradients.  Drawn only when the lr changed over the run.
+    """
+    with_lr = [r for r in task["regimes"].values() if r["series"].get("lr")]
+    if not with_lr:
+        return
+    lr = _values(with_lr[0]["series"]["lr"])  # one task, one schedule: every regime ran the same lr
+    steps = _steps(with_lr[0], lr.size)
+    if not np.isfinite(lr).all() or lr.max() == lr.min():
+        return
+    peak = lr.max()
+    ax.plot(steps, 100 * lr / peak, color="#7f7f7f", lw=1.0, ls=":",
+            label=f"learning rate, % of its peak ({peak:g})")  # fmt: skip
+    tiny = _tiny_lr_from(lr)
+    if tiny is None:
+        return
+    start = int(steps[tiny])
+    inside = [p[s >= start] for s, p in lost.values()]
+    inside = np.concatenate(inside) if inside else np.zeros(0)
+    share = ""
+    if np.isfinite(inside).any():
+        low, high = f"{np.nanmin(inside):.0f}%", f"{np.nanmax(inside):.0f}%"
+        share = f";\nlost there: {low}" if low == high else f";\nlost there: {low} to {high}"
+    ax.axvspan(start, steps[-1] + 1, color="#7f7f7f", alpha=0.15, lw=0,
+               label=f"lr below {100 * TINY_LR:g}% of its peak from step {start}\n"
+                     f"(down to {lr[-1]:.1g}), the updates with it{share}")  # fmt: skip
+
+
+def draw_measurements(task: dict[str, Any], title: str) -> Any:
+    """The share of gradient values 16 bits flush to 0 and of updates they lose, over the steps.
+
+    One panel for each measurement some regime has: FP32 weights lose no update in 16 bits,
+    so an FP32 run alone gets one panel, the share of *its* gradients FP16 would flush to 0
+    (the runner measures it for FP32 too).  None when nothing at all was measured.
+    """
+    regimes = task["regimes"]
+
+    def measured(r: dict[str, Any], key: str) -> np.ndarray:
+        return 100 * _values(r["measured"].get(key, []))
+
+    flushed = {n: r for n, r in regimes.items() if r["underflow_fraction"] is not None}
+    as_if_fp16 = not flushed  # no 16-bit regime: show what FP16 would do to the FP32 gradients
+    if as_if_fp16:
+        flushed = dict(regimes)
+    flushed = {n: r for n, r in flushed.items() if np.isfinite(measured(r, "underflow_fraction")).any()}
+    lost = {
+        n: (np.asarray(r["measured"]["step"]), _lost_percent(r["measured"]))
+        for n, r in regimes.items()
+        if any(r["measured"]["changed"])
+    }
+    if not flushed and not lost:
+        return None
+    fig = _figure(9.0, 5.6 if flushed and lost else 3.6)
+    panels = list(np.atleast_1d(fig.subplots(int(bool(flushed)) + int(bool(lost)), 1, sharex=True)))
+    if not lost:
+        fp32 = all(r["lost_update_fraction"] is None for r in regimes.values())
+        title = f"{title}\n(no lost updates to measure: {'the weights are FP32' if fp32 else 'no weight changed'})"
+    panels[0].set_title(title)
+    panels[-1].set_xlabel("step")
+    for ax in panels:  # limits and text first: whether two curves are drawn apart depends on the layout
         ax.grid(True, alpha=0.3)
         ax.set_ylim(-3, 103)
-    top.legend(fontsize="small")
-    fig.savefig(path)
-    return path
+    if flushed:
+        ax = panels[0]
+        names, lines = [], []
+        for name, r in flushed.items():
+            y = measured(r, "underflow_fraction")
+            label = f"{name} (its gradients, rounded to FP16{_at_scale(r)})" if as_if_fp16 else name
+            (line,) = ax.plot(r["measured"]["step"], y, label=label, color=COLORS.get(name), lw=1.2,
+                              marker="." if len(y) < FEW_POINTS else None)  # fmt: skip
+            names.append(name)
+            lines.append(line)
+        ax.set_ylabel(
+            "gradient values FP16\nwould flush to 0 (%)" if as_if_fp16 else "gradient values\nflushed to 0 (%)"
+        )
+        lines_y = {n: measured(r, "underflow_fraction") for n, r in flushed.items()}
+        _say_hidden(fig, ax, lines, names, lambda i, j: _points_apart(lines_y[names[i]], lines_y[names[j]]), "\n")
+    if lost:
+        ax = panels[-1]
+        names, lines = [], []
+        for name, (steps, y) in lost.items():
+            (line,) = ax.plot(steps, y, label=name, color=COLORS.get(name), lw=1.2,
+                              marker="." if len(y) < FEW_POINTS else None)  # fmt: skip
+            names.append(name)
+            lines.append(line)
+        ax.set_ylabel("updates lost\nin 16 bits (%)")
+        _say_hidden(fig, ax, lines, names, lambda i, j: _points_apart(lost[names[i]][1], lost[names[j]][1]), "\n")
+        _explain_the_lr(ax, task, lost)
+    for ax in panels:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return fig
 
 
-def gradient_histogram(task: dict[str, Any], path: Path, title: str, regime: str | None = None) -> Path:
+def _at_scale(result: dict[str, Any]) -> str:
+    """The words " at S = 1" when the run kept one loss scale throughout (the underflow was measured at it)."""
+    scale = _values(result["series"]["scale"])
+    return f" at S = {_scale_text(scale[0])}" if scale.size and np.all(scale == scale[0]) else ""
+
+
+def _points_apart(a: np.ndarray, b: np.ndarray) -> str:
+    """How far apart two percentage curves are at most, in percentage points."""
+    both = np.isfinite(a) & np.isfinite(b)
+    return f"at most {np.max(np.abs(a[both] - b[both])):.2g} points apart"
+
+
+def _percent_of(counts: np.ndarray, mask: np.ndarray) -> float:
+    """The share of the counted values in the bins `mask` selects, in % (0 when nothing was counted)."""
+    total = counts.sum()
+    return float(100 * counts[mask].sum() / total) if total else 0.0
+
+
+def draw_gradient_histogram(task: dict[str, Any], title: str, regime: str | None = None) -> Any:
     """Histogram of log2|gradient| at the last step, before and after loss scaling, over the FP16 bands.
 
     In the manner of Figure 3 of Micikevicius et al. (2018): the gradients are those an FP32
     backward computes for the regime's final weights; the shaded bands say what FP16 does to
-    a value of that magnitude.
+    a value of that magnitude.  A regime without loss scaling (S = 1) gets one panel: scaled
+    and unscaled are the same values.
     """
     regimes = task["regimes"]
     if regime is None:
@@ -141,42 +379,59 @@ def gradient_histogram(task: dict[str, Any], path: Path, title: str, regime: str
     h = regimes[regime]["histogram"]
     bins = np.asarray(h["log2_bins"], dtype=np.float64)
     scale = float(h["scale"])
-    fig = _figure(7.5, 5.6)
-    panels = fig.subplots(2, 1, sharex=True)
-    shown = [("unscaled", "true gradients (scale 1)"), ("scaled", f"multiplied by the loss scale S = {scale:g}")]
-    lo, hi = bins[0] - 1, bins[-1] + 2
+    shown = [("unscaled", "true gradients" + (" (S = 1: no loss scaling)" if scale == 1 else " (scale 1)"))]
+    if scale != 1:
+        shown.append(("scaled", f"multiplied by the loss scale S = {scale:g}"))
+    fig = _figure(7.5, 5.6 if len(shown) == 2 else 3.8)
+    panels = list(np.atleast_1d(fig.subplots(len(shown), 1, sharex=True)))
+    occupied = np.flatnonzero(np.asarray(h["unscaled"]) + np.asarray(h["scaled"]))
+    if occupied.size:  # the bins in use, and at least up to 2^22: the overflow band stays in view
+        lo, hi = bins[occupied[0]] - 2, max(bins[occupied[-1]] + 3, 22)
+    else:
+        lo, hi = bins[0] - 1, bins[-1] + 2
+    bands = []
     for ax, (key, label) in zip(panels, shown):
         counts = np.asarray(h[key], dtype=np.float64)
         total = counts.sum()
-        for _name, a, b, color in FP16_BANDS:
-            ax.axvspan(max(a, lo), min(b, hi), color=color, alpha=0.12, lw=0)
-        share = total and 100 * counts / total
+        for name, a, b, color in FP16_BANDS:
+            if b > lo and a < hi:  # only the bands in view, so that the legend names only what is seen
+                span = ax.axvspan(max(a, lo), min(b, hi), color=color, alpha=0.12, lw=0, label=name)
+                if ax is panels[0]:
+                    bands.append(span)
+        share = 100 * counts / total if total else counts
         ax.bar(bins + 0.5, share, width=1.0, color="#444444", edgecolor="white", lw=0.3)
-        under = 100 * counts[bins < -25].sum() / total if total else 0.0
-        sub = 100 * counts[(bins >= -25) & (bins < -14)].sum() / total if total else 0.0
-        ax.set_title(f"{label}: {under:.1f}% underflow to 0, {sub:.1f}% subnormal in FP16", fontsize="medium")
+        under, sub, over = (_percent_of(counts, m) for m in (bins < -25, (bins >= -25) & (bins < -14), bins >= 16))
+        said = f"{under:.1f}% underflow to 0, {sub:.1f}% subnormal"
+        if over > 0:  # 2^16 and above: past 65504, inf
+            said += f", {over:.1f}% overflow to inf"
+        ax.set_title(f"{label}: {said} in FP16", fontsize="medium")
         ax.set_ylabel("% of nonzero values")
         ax.grid(True, axis="y", alpha=0.3)
-    occupied = np.flatnonzero(np.asarray(h["unscaled"]) + np.asarray(h["scaled"]))
-    if occupied.size:
-        panels[1].set_xlim(bins[occupied[0]] - 2, max(bins[occupied[-1]] + 3, 22))
-    left, right = panels[1].get_xlim()
-    for name, a, b, color in FP16_BANDS:
-        if b > left and a < right:  # label each band that is in view, at its left edge
-            panels[0].text(max(a, left) + 0.3, panels[0].get_ylim()[1] * 0.9, name, color=color, fontsize="small")
-    panels[1].set_xlabel("log2 |gradient|")
+        ax.set_xlim(lo, hi)
+    panels[-1].set_xlabel("log2 |gradient|")
     fig.suptitle(f"{title}: {regime}, last step")
-    fig.savefig(path)
-    return path
+    # The band names under the axes, not on the bands: a narrow band cannot hold its name.
+    fig.legend(handles=bands, loc="outside lower center", ncols=2, fontsize="small", frameon=False)
+    return fig
 
 
 def write_figures(document: dict[str, Any], folder: Path) -> list[Path]:
-    """Every figure for every task of a results.json document, as PNG files in `folder`."""
+    """Every figure for every task of a results.json document, as PNG files in `folder`.
+
+    A figure with nothing to show (no regime measured anything) is not written, so the
+    list returned names only files that exist.
+    """
     paths = []
     for name, task in document["tasks"].items():
         what = "digits MLP" if name == "mlp" else "char transformer"
-        paths.append(loss_curves(task, folder / f"{name}_loss.png", f"{what}: training loss"))
-        paths.append(loss_scale(task, folder / f"{name}_loss_scale.png", f"{what}: loss scale"))
-        paths.append(measurements(task, folder / f"{name}_measured.png", f"{what}: what 16 bits lose"))
-        paths.append(gradient_histogram(task, folder / f"{name}_gradients.png", f"{what} gradients"))
+        for kind, fig in (
+            ("loss", draw_loss_curves(task, f"{what}: training loss")),
+            ("loss_scale", draw_loss_scale(task, f"{what}: loss scale")),
+            ("measured", draw_measurements(task, f"{what}: what 16 bits lose")),
+            ("gradients", draw_gradient_histogram(task, f"{what} gradients")),
+        ):
+            if fig is not None:
+                path = folder / f"{name}_{kind}.png"
+                fig.savefig(path)
+                paths.append(path)
     return paths
