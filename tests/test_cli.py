@@ -88,12 +88,16 @@ def test_out_writes_results_figures_and_a_checkpoint(tmp_path: Path, capsys: pyt
     assert not [p for p in run.iterdir() if p.name.startswith(".")]
 
 
-def test_resume_continues_exactly_where_the_run_stopped(tmp_path: Path) -> None:
+def test_extending_a_constant_rate_run_continues_exactly_where_it_stopped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     common = ["train", "--quiet", "--precision", "mixed", "--schedule", "constant"]
     assert main([*common, "--steps", "40", "--out", str(tmp_path / "straight")]) == 0
     assert main([*common, "--steps", "20", "--out", str(tmp_path / "first")]) == 0
     resume = ["train", "--quiet", "--resume", str(tmp_path / "first" / "checkpoint.npz"), "--steps", "40"]
-    assert main([*resume, "--out", str(tmp_path / "second")]) == 0
+    capsys.readouterr()
+    assert main([*resume, "--extend", "--out", str(tmp_path / "second")]) == 0
+    assert "the steps from 20 on are those a straight 40-step run takes" in capsys.readouterr().out
     straight, resumed = (model_weights(tmp_path / d / "checkpoint.npz") for d in ("straight", "second"))
     assert straight.keys() == resumed.keys()
     for name in straight:
@@ -109,6 +113,8 @@ def test_resume_refuses_different_settings_and_bad_files(tmp_path: Path, capsys:
     assert main(["train", "--resume", checkpoint, "--precision", "fp16", "--steps", "10"]) == 2
     assert "--precision" in capsys.readouterr().err
     assert main(["train", "--resume", checkpoint, "--steps", "5"]) == 2
+    assert "finished (5 of 5 steps)" in capsys.readouterr().err
+    assert main(["train", "--resume", checkpoint, "--steps", "3", "--extend"]) == 2
     assert "already trained 5 steps" in capsys.readouterr().err
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(Path(checkpoint).read_bytes()[:200])  # a truncated download
@@ -194,4 +200,4 @@ def test_without_matplotlib_results_are_written_and_figures_skipped(
     monkeypatch.setattr(figures, "matplotlib_available", lambda: False)
     assert main(["train", "--quiet", "--steps", "5", "--out", str(tmp_path)]) == 0
     assert "figures skipped" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz", "results.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz", "results.json", "tinyamp-run.json"]

@@ -24,13 +24,19 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp.experiments import run_settings
+from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
+from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
 from tinyamp.fast.allocator import keep_freed_memory
 
-MODELS = ("mlp", "transformer")
-PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
-SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
-SCHEDULES = ("cosine", "constant")
 DEVICES = ("cpu", "cuda")
+DEFAULT_TRAIN_STEPS = 1500
+DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
+DIVERGED = 3  # the exit status of a run whose loss ended NaN or inf, or whose every step was skipped
+EXIT_STATUS = (
+    "exit status: 0 done; 2 bad input (a message says what to type instead); 3 the run diverged (the message says "
+    "when and why); 130 or 143 stopped by Ctrl-C or SIGTERM (train --out saves a checkpoint first)"
+)
 
 # The demo's sizes: about a minute on two CPU cores (see README, "The demo").
 DEMO_MLP_STEPS = 1500
@@ -151,38 +157,40 @@ def _check_precision(precision: str, device: str) -> None:
             raise UsageError(f"--precision {precision} needs the optional package ml_dtypes: pip install ml_dtypes")
 
 
-def _write_outputs(out: Any, document: dict[str, Any], save: Callable[[Path], None] | None = None) -> list[str]:
-    """results.json, the figures (when matplotlib is installed) and a checkpoint, moved into place together."""
+def _write_outputs(
+    out: Any, document: dict[str, Any], manifest: dict[str, Any], save: Callable[[Path], str] | None = None
+) -> list[str]:
+    """results.json, the figures (when matplotlib is installed) and a checkpoint: the new content of `out`."""
     from tinyamp.experiments import figures
     from tinyamp.experiments.results import write_json
 
-    with out as tmp:
-        written = [write_json(document, tmp).name]
+    def fill(folder: Path) -> list[str]:
+        written = [write_json(document, folder).name]
         if save is not None:
-            save(tmp)
-            written.append("checkpoint.npz")
+            written.append(save(folder))
         if figures.matplotlib_available():
-            written += [p.name for p in figures.write_figures(document, tmp)]
+            written += [p.name for p in figures.write_figures(document, folder)]
         else:
             print("figures skipped: matplotlib is not installed (pip install 'tinyamp[plots]')")
-    return written
+        return written
+
+    return out.write(fill, manifest)
 
 
 # ---- tinyamp demo --------------------------------------------------------------------------------
-def demo(args: argparse.Namespace) -> int:
+def demo(args: argparse.Namespace, stop: Stop) -> int:
     """Train the digits MLP in every regime and the transformer in FP32 and mixed; print the tables."""
     from tinyamp.experiments.regimes import REGIMES
-    from tinyamp.experiments.results import OutputFolder, footnotes, format_table, results_document
+    from tinyamp.experiments.results import footnotes, format_table, results_document
     from tinyamp.experiments.runner import demo_regimes, run_all
     from tinyamp.experiments.tasks import CharTransformer, DigitsMLP
 
     _check_positive(args, "steps")
     if args.transformer_steps < 0:
         raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or more; got {args.transformer_steps}")
+    _check_settings(args, "seed")
     _check_device(args.device)
-    out = OutputFolder(args.out) if args.out else None
-    if out is not None:
-        out.check()
+    out = _output_folder(args.out)
     progress = _progress(args.quiet)
     began = time.perf_counter()
     regimes = demo_regimes(args.device)
@@ -223,8 +231,10 @@ def demo(args: argparse.Namespace) -> int:
         )
     document["config"]["seconds"] = time.perf_counter() - began
     if out is not None:
-        written = _write_outputs(out, document)
+        with stop.at_step_boundaries():  # a signal now waits until the folder is written
+            written = _write_outputs(out, document, {"command": "demo", "seed": args.seed})
         print(f"\nwrote {', '.join(written)} to {out.path}")
+        stop.check()
     print(f"\ndemo took {time.perf_counter() - began:.0f} s")
     return 0
 
@@ -298,20 +308,32 @@ def _share(fraction: float | None) -> str:
 
 
 # ---- tinyamp train -------------------------------------------------------------------------------
+def _check_settings(args: argparse.Namespace, *names: str) -> None:
+    """The command line's values, checked by the rules a checkpoint's stored settings obey too."""
+    for name in names:
+        value = getattr(args, name, None)
+        why = None if value is None else run_settings.problem(name, value)
+        if why is not None:
+            raise UsageError(f"--{name.replace('_', '-')} {why}")
+
+
 def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings saved in a --resume checkpoint, checked against the command line."""
+    """The settings saved in a --resume checkpoint, each checked, and checked against the command line."""
     from tinyamp.amp import CheckpointError
-    from tinyamp.amp.training_state import read_checkpoint
+    from tinyamp.amp.training_state import read_extra
 
     try:
-        extra = read_checkpoint(args.resume)["extra"]
+        extra = read_extra(args.resume)  # the settings alone: the model they describe bounds the rest
     except FileNotFoundError as exc:
         raise UsageError(f"--resume {args.resume}: no such file") from exc
     except (CheckpointError, OSError) as exc:
         raise UsageError(f"--resume: {exc}") from exc
     if not isinstance(extra, dict) or "train" not in extra:
         raise UsageError(f"--resume {args.resume}: this checkpoint was not written by `tinyamp train`")
-    saved = extra["train"]
+    try:
+        saved = run_settings.checked_stored(extra["train"], args.resume)
+    except ValueError as exc:
+        raise UsageError(f"--resume {exc}") from exc
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
         given = getattr(args, key)
         if given is not None and given != saved[key]:
@@ -321,40 +343,102 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
                 f"settings; leave out {flag}"
             )
         setattr(args, key, saved[key])
-    if saved["step"] >= args.steps:
-        raise UsageError(
-            f"the checkpoint has already trained {saved['step']} steps; --steps is the total, pass more than that"
-        )
     return saved
 
 
-def train(args: argparse.Namespace) -> int:
+def _plan_resume(args: argparse.Namespace, saved: dict[str, Any], task: Any) -> str | None:
+    """Check --steps and --extend against where the saved run stands; return a note for an extension."""
+    step, total = saved["step"], saved["total_steps"]
+    if args.steps is None:
+        args.steps = total
+    if step == total and args.steps == total:
+        raise UsageError(
+            f"the checkpoint's run is finished ({step} of {total} steps); to train it further, pass --steps N "
+            "(the new total) and --extend"
+        )
+    if args.steps <= step:
+        raise UsageError(
+            f"the checkpoint has already trained {step} steps; --steps is the total, pass more than that"
+        )
+    if args.steps == total:
+        return None  # finishing an interrupted run: the schedule continues where it stopped
+    if step == total and not args.extend:
+        raise UsageError(
+            f"the checkpoint's run is finished ({step} of {total} steps); add --extend to continue it to "
+            f"{args.steps} steps, knowing that {run_settings.extension_note(task, step, total, args.steps)}"
+        )
+    if not args.extend:
+        raise UsageError(
+            f"--steps {args.steps} differs from the checkpoint's total of {total} steps: "
+            f"{run_settings.extension_note(task, step, total, args.steps)}; leave out --steps to finish the saved "
+            "run, or add --extend to continue it to the new total"
+        )
+    return f"extending the run saved at step {step} of {total} to {args.steps} steps: " + run_settings.extension_note(
+        task, step, total, args.steps
+    )
+
+
+def _check_batch_size(task: Any) -> None:
+    """A batch is drawn from the training split: it cannot hold more examples than the split has."""
+    if task.name == "mlp":
+        available, what = len(task.data["y_train"]), "training images"
+    else:
+        available, what = len(task.dataset.train) - task.block_size, f"training windows of {task.block_size} chars"
+    if task.batch_size > available:
+        raise UsageError(f"--batch-size {task.batch_size} is more than the {available:,} {what}; pass at most that")
+
+
+def _output_folder(path: str | None, flag: str = "--out") -> Any:
+    """The OutputFolder for --out, cleaned of a killed run's leftovers and checked before training."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    if path is None:
+        return None
+    if not path.strip():
+        raise UsageError(f"{flag} needs a folder name, e.g. {flag} runs/mlp")
+    out = OutputFolder(path, flag)
+    for sentence in out.recover():
+        print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
+    previous = out.check()
+    if previous is not None:
+        step = f", step {previous['step']} of {previous['total_steps']}" if "total_steps" in previous else ""
+        print(f"{out.path} holds an earlier `tinyamp {previous.get('command')}` run{step}; this run replaces it")
+    return out
+
+
+def train(args: argparse.Namespace, stop: Stop) -> int:
     """Train one model in one precision; print the result; with --out write results, figures, a checkpoint."""
     from tinyamp.amp import CheckpointError, load_checkpoint, save_checkpoint
+    from tinyamp.experiments.divergence import diverged, explain
     from tinyamp.experiments.regimes import REGIMES, build
-    from tinyamp.experiments.results import OutputFolder, footnotes, format_table, results_document
+    from tinyamp.experiments.results import footnotes, format_table, results_document
     from tinyamp.experiments.runner import run_regime
     from tinyamp.experiments.tasks import TASKS
 
-    _check_positive(args, "steps", "batch_size")
-    if args.lr is not None and not args.lr > 0:
-        raise UsageError(f"--lr must be greater than 0; got {args.lr}")
+    _check_settings(args, "steps", "batch_size", "lr", "seed", "checkpoint_every")
+    if args.resume is not None and not args.resume.strip():
+        raise UsageError("--resume needs the path of a checkpoint, e.g. --resume runs/mlp/checkpoint.npz")
+    if args.extend and args.resume is None:
+        raise UsageError("--extend continues a saved run to more steps; it needs --resume CHECKPOINT")
+    if args.checkpoint_every is not None and args.out is None:
+        raise UsageError("--checkpoint-every writes into the output folder; it needs --out DIR")
     _check_device(args.device)
-    saved = _read_resume(args) if args.resume else None
+    saved = _read_resume(args) if args.resume is not None else None
     args.model = args.model or "mlp"
     args.precision = args.precision or "mixed"
     args.seed = 0 if args.seed is None else args.seed
     _check_precision(args.precision, args.device)
-    out = OutputFolder(args.out) if args.out else None
-    if out is not None:
-        out.check()
+    out = _output_folder(args.out)
     overrides = {k: getattr(args, k) for k in ("batch_size", "lr", "schedule") if getattr(args, k) is not None}
     task = TASKS[args.model](seed=args.seed, device=args.device, **overrides)
+    _check_batch_size(task)
+    extension = _plan_resume(args, saved, task) if saved is not None else None
+    args.steps = args.steps or DEFAULT_TRAIN_STEPS
     regime = REGIMES[args.precision]
     scaler = args.scaler or regime.scaler
-    setup, start = None, 0
+    setup = build(regime, task.make_model(), task.make_optimizer, scaler)
+    start = 0
     if saved is not None:
-        setup = build(regime, task.make_model(), task.make_optimizer, scaler)
         try:
             load_checkpoint(args.resume, setup.model, setup.optimizer, setup.scaler)
         except CheckpointError as exc:
@@ -366,49 +450,102 @@ def train(args: argparse.Namespace) -> int:
             f"{task.name} in {args.precision} ({regime.summary}), loss scaler {scaler}: {args.steps} steps, "
             f"batch {task.batch_size}, lr {task.lr} ({task.schedule}), seed {args.seed}, {args.device}{resumed}"
         )
-    result, setup = run_regime(task, args.precision, args.steps, scaler, setup=setup, start=start,
-                               progress=_progress(args.quiet), memory=args.memory)  # fmt: skip
-    print(format_table([result]))
-    if args.memory:
-        from tinyamp.inspect import format_training_memory
+    if extension is not None:
+        print(extension)
+    settings = {
+        "model": args.model, "precision": args.precision, "scaler": scaler, "batch_size": task.batch_size,
+        "lr": task.lr, "seed": args.seed, "schedule": task.schedule, "total_steps": args.steps,
+    }  # fmt: skip
 
-        print(f"\nmemory held after the last step ({args.device}):")
-        print(format_training_memory(result.memory["held_bytes"]))
-        print(f"peak allocated during the last step: {result.memory['peak_step_bytes']:,} bytes (measured)")
-    if not args.quiet:
-        print(footnotes())
-    if out is not None:
-        document = results_document({task.name: (task, [result])}, {"command": "train", "resumed_from": start})
-        settings = {
-            "model": args.model, "precision": args.precision, "scaler": scaler, "batch_size": task.batch_size,
-            "lr": task.lr, "seed": args.seed, "schedule": task.schedule, "step": args.steps,
-        }  # fmt: skip
+    def save(folder: Path, step: int) -> str:
+        extra = {"train": {**settings, "step": step}}
+        save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, extra)
+        return "checkpoint.npz"
 
-        def save(folder: Path) -> None:
-            save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, {"train": settings})
+    def save_unit(step: int) -> None:
+        manifest = {"command": "train", "finished": False, "step": step, "total_steps": args.steps}
+        out.write(lambda folder: [save(folder, step)], manifest)
 
-        written = _write_outputs(out, document, save)
-        print(f"wrote {', '.join(written)} to {out.path}")
+    every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+
+    def after_step(done: int) -> None:
+        stop.check(done)
+        if out is not None and every and done % every == 0 and done < args.steps:
+            save_unit(done)
+
+    with stop.at_step_boundaries(), np.errstate(all="ignore"):  # overflow is reported in words, below
+        try:
+            result, setup = run_regime(
+                task, args.precision, args.steps, scaler, setup=setup, start=start, progress=_progress(args.quiet),
+                memory=args.memory, after_step=after_step,
+            )  # fmt: skip
+        except Interrupted as exc:
+            return _interrupted(exc, out, save_unit, args.steps)
+        print(format_table([result]))
+        if args.memory:
+            from tinyamp.inspect import format_training_memory
+
+            print(f"\nmemory held after the last step ({args.device}):")
+            print(format_training_memory(result.memory["held_bytes"]))
+            print(f"peak allocated during the last step: {result.memory['peak_step_bytes']:,} bytes (measured)")
+        if not args.quiet:
+            print(footnotes())
+        failed = explain(task, setup, result, start) if diverged(result, start) else None
+        if out is not None:
+            document = results_document({task.name: (task, [result])}, {"command": "train", "resumed_from": start})
+            manifest = {"command": "train", "finished": True, "step": args.steps, "total_steps": args.steps}
+            keep = None if failed else lambda folder: save(folder, args.steps)
+            written = _write_outputs(out, document, manifest, keep)
+            why = " (no checkpoint: the run diverged)" if failed else ""
+            print(f"wrote {', '.join(written)} to {out.path}{why}")
+    if failed:
+        print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
+        return DIVERGED
+    if stop.requested:
+        print(f"tinyamp: {stop.name} arrived after the last step; the finished run was written", file=sys.stderr)
+        return 128 + (stop.signum or 0)
     return 0
+
+
+def _interrupted(exc: Interrupted, out: Any, save_unit: Callable[[int], None], total: int) -> int:
+    """Save the run where the signal stopped it (with --out), say how to continue, return 128 + signal."""
+    if out is None or exc.step is None:
+        print(f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; nothing was written "
+              "(with --out DIR a stopped run leaves a checkpoint to resume from)", file=sys.stderr)  # fmt: skip
+        return exc.exit_status
+    save_unit(exc.step)
+    checkpoint = out.path / "checkpoint.npz"
+    print(
+        f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; wrote {checkpoint}. Continue with:\n"
+        f"  tinyamp train --resume {checkpoint} --out {out.path}",
+        file=sys.stderr,
+    )
+    return exc.exit_status
 
 
 # ---- the parser -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``tinyamp`` command."""
-    parser = argparse.ArgumentParser(prog="tinyamp", description="Mixed-precision training you can read.")
+    import tinyamp
+
+    parser = argparse.ArgumentParser(prog="tinyamp", description="Mixed-precision training you can read.",
+                                     epilog=EXIT_STATUS)  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"tinyamp {tinyamp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, backends, GPU, number formats, op policy, scaler presets")
 
-    d = sub.add_parser("demo", help="FP32, naive FP16 and mixed precision side by side (about a minute on a CPU)")
+    d = sub.add_parser("demo", help="FP32, naive FP16 and mixed precision side by side", epilog=EXIT_STATUS)
     d.add_argument("--steps", type=int, default=DEMO_MLP_STEPS, help=f"MLP steps (default {DEMO_MLP_STEPS})")
     d.add_argument("--transformer-steps", type=int, default=DEMO_TRANSFORMER_STEPS,
                    help=f"char-transformer steps, 0 to skip it (default {DEMO_TRANSFORMER_STEPS})")  # fmt: skip
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--device", choices=DEVICES, default="cpu")
-    d.add_argument("--out", metavar="DIR", help="write results.json and PNG figures into DIR")
+    d.add_argument("--seed", type=int, default=0, help="initial weights and batches (default 0); the same in "
+                   "every regime")  # fmt: skip
+    d.add_argument("--device", choices=DEVICES, default="cpu", help="cuda needs CuPy and an NVIDIA GPU (default cpu)")
+    d.add_argument("--out", metavar="DIR", help="write results.json, PNG figures and tinyamp-run.json into DIR, "
+                   "replacing what an earlier run wrote there")  # fmt: skip
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    t = sub.add_parser("train", help="train one model in one precision")
+    t = sub.add_parser("train", help="train one model in one precision", epilog=EXIT_STATUS)
     t.add_argument("--model", choices=MODELS, help="mlp (8x8 digits, default) or transformer (Python source)")
     t.add_argument("--precision", choices=PRECISIONS, help="default mixed")
     t.add_argument(
@@ -416,14 +553,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SCALERS,
         help="loss-scaler preset (default: pytorch for mixed, off otherwise; static is a constant 2^10)",
     )
-    t.add_argument("--steps", type=int, default=1500, help="total training steps (default 1500)")
+    t.add_argument("--steps", type=int, help=f"total training steps (default {DEFAULT_TRAIN_STEPS}; with --resume, "
+                   "the saved run's total)")  # fmt: skip
     t.add_argument("--batch-size", type=int, help="default 128 (mlp), 32 (transformer)")
     t.add_argument("--lr", type=float, help="learning rate (default 0.05 SGD for mlp, 0.003 Adam for transformer)")
     t.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule over --steps (default cosine)")
-    t.add_argument("--seed", type=int)
+    t.add_argument("--seed", type=int, help="initial weights and batches (default 0)")
     t.add_argument("--device", choices=DEVICES, default="cpu", help="cuda needs CuPy and an NVIDIA GPU")
-    t.add_argument("--out", metavar="DIR", help="write results.json, PNG figures and checkpoint.npz into DIR")
-    t.add_argument("--resume", metavar="CHECKPOINT", help="continue a run from its checkpoint.npz")
+    t.add_argument("--out", metavar="DIR", help="write results.json, PNG figures and checkpoint.npz into DIR, "
+                   "replacing what an earlier run wrote there")  # fmt: skip
+    t.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help=f"with --out, save checkpoint.npz every N steps (default {DEFAULT_CHECKPOINT_EVERY}, 0: only "
+                   "at the end); Ctrl-C and SIGTERM save one too, at the end of the current step")  # fmt: skip
+    t.add_argument("--resume", metavar="CHECKPOINT", help="continue a run from its checkpoint.npz: it ends bit for "
+                   "bit as if never stopped")  # fmt: skip
+    t.add_argument("--extend", action="store_true", help="with --resume and --steps: continue a run to a new "
+                   "total (the schedule is recomputed, so the result differs from a straight run)")  # fmt: skip
     t.add_argument("--quiet", action="store_true", help="no progress bar, only the result table")
     t.add_argument(
         "--memory", action="store_true", help="itemize the bytes held (weights, masters, moments, gradients) "
@@ -433,23 +578,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; return its exit status (2 for bad input)."""
+    """Run the command; return its exit status (see EXIT_STATUS)."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "info":
             return info()
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
-        return demo(args) if args.command == "demo" else train(args)
+        with handle_signals() as stop:
+            return demo(args, stop) if args.command == "demo" else train(args, stop)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
         return 0
     except UsageError as exc:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError as exc:
+        print(f"tinyamp: error: out of memory ({exc or 'an array did not fit'}); a smaller --batch-size or "
+              "model needs less", file=sys.stderr)  # fmt: skip
+        return 2
     except OSError as exc:  # an output folder that cannot be written, a disk that fills up
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except Interrupted as exc:
+        print(f"\ntinyamp: stopped by {exc.name}; nothing was written", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:  # outside the main thread no handler is installed
         print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)
         return 130
 

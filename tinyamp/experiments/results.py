@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -147,45 +144,6 @@ def results_document(tasks: dict[str, tuple[Any, Sequence[RegimeResult]]], confi
         settings = {k: v for k, v in vars(task).items() if k not in ("data", "dataset")}
         out["tasks"][name] = {"config": _clean(settings), "regimes": {r.regime: r.to_json() for r in results}}
     return out
-
-
-class OutputFolder:
-    """Write results into a hidden temporary folder next to `path`, then move each file into place.
-
-    Nothing half-written is ever visible at `path`: if the run fails, the temporary folder
-    is removed and `path` holds what it held before.  ``check()`` fails early (before any
-    training) when `path` cannot be created or written to.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.tmp: Path | None = None
-
-    def check(self) -> None:
-        """Raise OSError with a clear message unless `path` is (or can be made) a writable folder."""
-        if self.path.exists() and not self.path.is_dir():
-            raise OSError(f"--out {self.path}: this is a file, not a folder")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            probe = tempfile.NamedTemporaryFile(dir=self.path, prefix=".tinyamp-write-test-", delete=True)
-            probe.close()
-        except OSError as exc:
-            raise OSError(f"--out {self.path}: cannot write there ({exc.strerror or exc})") from exc
-
-    def __enter__(self) -> Path:
-        self.check()
-        self.tmp = Path(tempfile.mkdtemp(dir=self.path, prefix=".tinyamp-partial-"))
-        return self.tmp
-
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        assert self.tmp is not None
-        try:
-            if exc_type is None:
-                for item in sorted(self.tmp.iterdir()):
-                    os.replace(item, self.path / item.name)
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
 
 
 def write_json(document: dict[str, Any], folder: Path, name: str = "results.json") -> Path:

@@ -57,13 +57,17 @@ def run_regime(
     setup: Setup | None = None,
     start: int = 0,
     memory: bool = False,
+    after_step: Callable[[int], None] | None = None,
 ) -> tuple[RegimeResult, Setup]:
     """Train `task` in `regime` for `steps` steps (from step `start` of a resumed `setup`).
 
     `progress`, when given, is a tqdm-like class: ``progress(total=..., desc=...)``.
     Returns the result and the Setup (whose model, optimizer and scaler a checkpoint saves).
     With `memory`, the last step runs under ``peak_memory`` and the bytes held after it are
-    itemized (``result.memory``).
+    itemized (``result.memory``).  ``after_step(done)``, when given, runs after every step
+    with the number of steps done: the place to save a checkpoint, or to stop (by raising).
+    Steps are measured when ``step % measure_every == 0`` (and the last), counted from the
+    start of the run, not of this call: a resumed run measures the steps an uninterrupted one would.
     """
     spec = REGIMES[regime]
     if setup is None:
@@ -81,52 +85,56 @@ def run_regime(
     began = time.perf_counter()
     bar = progress(total=steps, initial=start, desc=f"{task.name} {regime}") if progress else None
     batches = task.batches(start=start)
-    for step in range(start, steps):
-        batch = next(batches)
-        lr = task.lr_at(step, steps)
-        set_lr(setup, lr)
-        is_measured = (step - start) % measure_every == 0 or step == steps - 1
-        if is_measured:
-            grads = measure.fp32_gradients(load_widened(reference, setup.model), lambda m, b=batch: task.loss(m, b))
-            scale = setup.scaler.scale  # the scale this step's loss is multiplied by
-        inspect = None
-        if saved is None:
+    try:
+        for step in range(start, steps):
+            batch = next(batches)
+            lr = task.lr_at(step, steps)
+            set_lr(setup, lr)
+            is_measured = step % measure_every == 0 or step == steps - 1
+            if is_measured:
+                grads = measure.fp32_gradients(load_widened(reference, setup.model), lambda m, b=batch: task.loss(m, b))
+                scale = setup.scaler.scale  # the scale this step's loss is multiplied by
+            inspect = None
+            if saved is None:
 
-            def inspect(loss: Any) -> None:
-                nonlocal saved
-                saved = saved_tensors(loss)
+                def inspect(loss: Any) -> None:
+                    nonlocal saved
+                    saved = saved_tensors(loss)
 
-        t0 = time.perf_counter()
-        if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
-            (loss, report, counts), peak = peak_memory(
-                lambda b=batch, i=inspect, m=is_measured: setup.step(
-                    lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
-                ),
-                device=task.device,
-            )
-        else:
-            loss, report, counts = setup.step(
-                lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
-            )
-        if not is_measured and inspect is None and peak is None:
-            timed += time.perf_counter() - t0
-            timed_steps += 1
-        series["loss"].append(loss)
-        series["scale"].append(report.scale_before)
-        series["skipped"].append(report.skipped)
-        series["lr"].append(lr)
-        if is_measured:
-            measured["step"].append(step)
-            measured["changed"].append(None if counts is None else counts[0])
-            measured["lost"].append(None if counts is None else counts[1])
-            measured["underflow_fraction"].append(measure.underflow_fraction(grads, scale, fmt))
-            measured["underflow_norm_fraction"].append(measure.underflow_norm_fraction(grads, scale, fmt))
+            t0 = time.perf_counter()
+            if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
+                (loss, report, counts), peak = peak_memory(
+                    lambda b=batch, i=inspect, m=is_measured: setup.step(
+                        lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
+                    ),
+                    device=task.device,
+                )
+            else:
+                loss, report, counts = setup.step(
+                    lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
+                )
+            if not is_measured and inspect is None and peak is None:
+                timed += time.perf_counter() - t0
+                timed_steps += 1
+            series["loss"].append(loss)
+            series["scale"].append(report.scale_before)
+            series["skipped"].append(report.skipped)
+            series["lr"].append(lr)
+            if is_measured:
+                measured["step"].append(step)
+                measured["changed"].append(None if counts is None else counts[0])
+                measured["lost"].append(None if counts is None else counts[1])
+                measured["underflow_fraction"].append(measure.underflow_fraction(grads, scale, fmt))
+                measured["underflow_norm_fraction"].append(measure.underflow_norm_fraction(grads, scale, fmt))
+            if bar is not None:
+                bar.update(1)
+                if step % 10 == 0 or step == steps - 1:
+                    bar.set_postfix(loss=f"{loss:.4f}", scale=f"{setup.scaler.scale:g}", refresh=False)
+            if after_step is not None:
+                after_step(step + 1)
+    finally:
         if bar is not None:
-            bar.update(1)
-            if step % 10 == 0 or step == steps - 1:
-                bar.set_postfix(loss=f"{loss:.4f}", scale=f"{setup.scaler.scale:g}", refresh=False)
-    if bar is not None:
-        bar.close()
+            bar.close()
     seconds = time.perf_counter() - began
     held = training_memory(setup.model, setup.optimizer) if memory else {}
     metrics = task.evaluate(setup.model, setup.autocast)

@@ -1,0 +1,99 @@
+"""Ctrl-C (SIGINT) and SIGTERM stop a run at a step boundary, so that its checkpoint is a real state.
+
+A signal arrives between any two bytecodes.  Raising at that point could stop a run half
+way through an optimizer step, with some weights updated and others not: nothing that
+could be saved and resumed.  So while a run trains (and while it writes its files) the
+handler only records the signal; the training loop looks at it after each step
+(:meth:`Stop.check`), saves a checkpoint and stops.  Outside those stretches, and at a
+second signal (someone pressing Ctrl-C again because they mean it), the handler raises
+:class:`Interrupted` at once.
+
+The exit status of a stopped command is the shell's convention, 128 + the signal
+number: 130 after SIGINT, 143 after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """The run was stopped by a signal; `step` is the number of steps done (None: before training)."""
+
+    def __init__(self, signum: int, step: int | None = None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.step = step
+
+    @property
+    def name(self) -> str:
+        """SIGINT or SIGTERM."""
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal number, as a shell reports a process stopped by that signal."""
+        return 128 + self.signum
+
+
+class Stop:
+    """The signal received, if any, and whether it may interrupt right now."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._deferring = False
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        self.signum = signum
+        if not (self._deferring and first):
+            raise Interrupted(signum)
+
+    @contextmanager
+    def at_step_boundaries(self) -> Iterator[None]:
+        """Inside this block a (first) signal is only recorded, for :meth:`check` to act on."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
+    def check(self, step: int | None = None) -> None:
+        """Raise Interrupted when a signal has arrived (call it where stopping leaves a consistent state)."""
+        if self.signum is not None:
+            raise Interrupted(self.signum, step)
+
+    @property
+    def name(self) -> str | None:
+        """SIGINT or SIGTERM, once one has arrived."""
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    @property
+    def requested(self) -> bool:
+        """Whether a signal has arrived."""
+        return self.signum is not None
+
+
+@contextmanager
+def handle_signals() -> Iterator[Stop]:
+    """Install the handlers for SIGINT and SIGTERM for the duration of the block, then restore the old ones.
+
+    Only the main thread can install signal handlers; elsewhere (a test runner's worker
+    thread) the block runs with the handlers it found.
+    """
+    stop = Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.signal(s, stop._handler) for s in SIGNALS}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
