@@ -180,6 +180,7 @@ def _write_outputs(
 # ---- tinyamp demo --------------------------------------------------------------------------------
 def demo(args: argparse.Namespace, stop: Stop) -> int:
     """Train the digits MLP in every regime and the transformer in FP32 and mixed; print the tables."""
+    from tinyamp.experiments.divergence import diverged
     from tinyamp.experiments.regimes import REGIMES
     from tinyamp.experiments.results import footnotes, format_table, results_document
     from tinyamp.experiments.runner import demo_regimes, run_all
@@ -202,10 +203,14 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     )
     for name in regimes:
         print(f"  {name:<12} {REGIMES[name].summary}")
-    mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress, memory=True)
+    with np.errstate(all="ignore"):  # an overflow is a skipped step in the table, not a NumPy warning
+        mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress, memory=True)
     print()
     print(format_table(mlp_results))
     print(footnotes())
+    for r in mlp_results:
+        if diverged(r, 0):
+            print(f"{r.regime}: DIVERGED: its loss ended {r.series['loss'][-1]}, {r.skipped_steps} steps skipped")
     print()
     print(_mlp_verdict({r.regime: r for r in mlp_results}))
     print()
@@ -217,7 +222,8 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
             f"\nChar transformer ({chars.layers} layers, dim {chars.dim}, context {chars.block_size}) on Python "
             f"source, {args.transformer_steps} steps of Adam (lr {chars.lr}, cosine), batch {chars.batch_size}:"
         )
-        tr_results = run_all(chars, ["fp32", "mixed"], args.transformer_steps, measure_every=25, progress=progress)
+        with np.errstate(all="ignore"):
+            tr_results = run_all(chars, ["fp32", "mixed"], args.transformer_steps, measure_every=25, progress=progress)
         print()
         print(format_table(tr_results))
         fp32, mixed = (r.metrics["val_loss"] for r in tr_results)
@@ -469,8 +475,10 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
 
     def after_step(done: int) -> None:
+        if done == args.steps:
+            return  # the run is complete: a signal now waits for its files to be written
         stop.check(done)
-        if out is not None and every and done % every == 0 and done < args.steps:
+        if out is not None and every and done % every == 0:
             save_unit(done)
 
     with stop.at_step_boundaries(), np.errstate(all="ignore"):  # overflow is reported in words, below

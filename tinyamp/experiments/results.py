@@ -47,12 +47,13 @@ class RegimeResult:
     lost_update_fraction: float | None  # None for FP32
     saved_bytes: int  # every array the first step's graph kept for backward, each counted once
     saved_bytes_by_kind: dict[str, int]
-    ms_per_step: float
+    ms_per_step: float  # the median over the timed steps
     seconds: float
     series: dict[str, list[Any]] = field(default_factory=dict)  # per step: loss, scale, skipped, lr
     measured: dict[str, list[Any]] = field(default_factory=dict)  # at measured steps: step, lost, underflow
     histogram: dict[str, Any] = field(default_factory=dict)  # log2|g| counts at the end, unscaled and scaled
     memory: dict[str, Any] = field(default_factory=dict)  # with --memory: bytes held by role, peak of a step
+    ms_per_step_spread: list[float] = field(default_factory=list)  # 10th and 90th percentiles of the timed steps
 
     def to_json(self) -> dict[str, Any]:
         """A dict with only JSON values (NaN becomes None)."""
@@ -120,9 +121,10 @@ def footnotes() -> str:
             f"* {UNDERFLOW_NOTE}.",
             f"* {LOST_NOTE}.",
             "* saved: bytes of the arrays the first step's graph keeps for backward (tinyamp.inspect.saved_tensors).",
-            "* ms/step: training steps only (measurement steps excluded; - when every step was measured). "
-            "On a CPU, FP16 is emulated through FP32 and the casts cost time; the speed-up of FP16 needs "
-            "Tensor Cores (--device cuda).",
+            "* ms/step: the median time of a training step (measurement steps excluded; - when every step was "
+            "measured; results.json has the 10th and 90th percentiles). On a CPU, FP16 is emulated through FP32 "
+            "and the casts cost time; FP16's speed-up needs a GPU (--device cuda: Tensor Cores, and half the bytes "
+            "to move). benchmarks/ times the steps side by side.",
         ]
     )
 

@@ -79,7 +79,7 @@ def run_regime(
         "step": [], "changed": [], "lost": [], "underflow_fraction": [], "underflow_norm_fraction": []
     }  # fmt: skip
     saved = None
-    timed, timed_steps = 0.0, 0
+    step_seconds: list[float] = []  # the timed steps' wall times
     grads, scale = np.zeros(0), 1.0
     peak: int | None = None
     began = time.perf_counter()
@@ -114,8 +114,7 @@ def run_regime(
                     lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
                 )
             if not is_measured and inspect is None and peak is None:
-                timed += time.perf_counter() - t0
-                timed_steps += 1
+                step_seconds.append(time.perf_counter() - t0)
             series["loss"].append(loss)
             series["scale"].append(report.scale_before)
             series["skipped"].append(report.skipped)
@@ -154,7 +153,10 @@ def run_regime(
         lost_update_fraction=None if spec.weights == "float32" else _pooled_lost(measured),
         saved_bytes=0 if saved is None else saved.total_bytes,
         saved_bytes_by_kind={} if saved is None else saved.bytes_by_kind(),
-        ms_per_step=1e3 * timed / timed_steps if timed_steps else float("nan"),
+        # the median and the 10th and 90th percentiles: a mean would let a few steps slowed by
+        # another process on the machine stand for all of them
+        ms_per_step=1e3 * float(np.median(step_seconds)) if step_seconds else float("nan"),
+        ms_per_step_spread=[1e3 * float(q) for q in np.percentile(step_seconds, [10, 90])] if step_seconds else [],
         seconds=seconds,
         series=series,
         measured=measured,
