@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +202,22 @@ def test_without_matplotlib_results_are_written_and_figures_skipped(
     assert main(["train", "--quiet", "--steps", "5", "--out", str(tmp_path)]) == 0
     assert "figures skipped" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz", "results.json", "tinyamp-run.json"]
+
+
+def test_the_weights_do_not_depend_on_the_machines_blas_threads(tmp_path: Path) -> None:
+    """OpenBLAS splits a product differently with 2 threads than with 1, and the float32 sums
+    round differently (measured: the weights differ after 60 steps); the command runs BLAS on
+    one thread, so a run gives the same bits on a laptop and on a 64-core server."""
+    pytest.importorskip("threadpoolctl")
+    weights = []
+    for threads in ("1", "2"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        out = tmp_path / threads
+        done = subprocess.run(
+            [sys.executable, "-m", "tinyamp", "train", "--quiet", "--steps", "60", "--out", str(out)],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        weights.append(model_weights(out / "checkpoint.npz"))
+    for name in weights[0]:
+        assert weights[0][name].tobytes() == weights[1][name].tobytes(), name

@@ -14,6 +14,7 @@ run leaves nothing half-written in the output folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -111,6 +112,21 @@ def info() -> int:
 
 
 # ---- shared pieces ------------------------------------------------------------------------------------
+def _one_blas_thread() -> Any:
+    """Run BLAS on one thread (threadpoolctl), whatever the machine has.
+
+    OpenBLAS splits a product's work differently with another thread count, and the float32
+    sums round differently: the same run gave other weights with 2 threads than with 1
+    (tests/test_cli.py checks that the command's do not).  The demo's products are small (at
+    most 1024x64 by 64x256); benchmarks/demo_time.py measures what one thread costs them.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # a dependency; without it the run is the same, its bits may depend on the cores
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _progress(quiet: bool) -> Callable[..., Any] | None:
     """tqdm's bar class (imported only when a bar is shown), or None for --quiet."""
     if quiet:
@@ -592,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return info()
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
-        with handle_signals() as stop:
+        with handle_signals() as stop, _one_blas_thread():
             return demo(args, stop) if args.command == "demo" else train(args, stop)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
