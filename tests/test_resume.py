@@ -235,6 +235,25 @@ def test_a_checkpoint_missing_a_setting_is_refused(tmp_path: Path, capsys: pytes
     assert "does not store the setting seed" in capsys.readouterr().err
 
 
+def test_a_crafted_checkpoint_gets_exit_2_and_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--quiet", "--steps", "5", "--out", str(tmp_path / "a")]) == 0
+    import tinyamp.amp.training_state as training_state
+
+    content = read_checkpoint(tmp_path / "a" / "checkpoint.npz")
+    master = next(iter(content["optimizer"]["master"].values()))
+    master.flat[3] = np.nan  # a NaN master would train to NaN
+    arrays: dict[str, np.ndarray] = {}
+    document = training_state._encode(content, "", arrays)
+    arrays[training_state.METADATA_KEY] = np.frombuffer(json.dumps(document).encode(), dtype=np.uint8)
+    crafted = tmp_path / "crafted.npz"
+    with open(crafted, "wb") as f:
+        np.savez(f, **arrays)
+    capsys.readouterr()
+    assert main(["train", "--quiet", "--resume", str(crafted), "--steps", "9", "--extend"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(crafted) in err and "non-finite" in err and len(err.splitlines()) == 1, err
+
+
 def _rewrite_settings(source: Path, target: Path, changes: dict[str, Any]) -> None:
     """A copy of `source` whose stored settings have `changes` (Ellipsis: the key removed)."""
     import tinyamp.amp.training_state as training_state
