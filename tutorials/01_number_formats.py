@@ -14,11 +14,12 @@
 #   of FP32, FP16 and BF16, and where each comes from;
 # - round to nearest, ties to even, and what overflow (65520 becomes inf) and underflow
 #   ($2^{-25}$ becomes 0) look like in FP16;
-# - the unit in the last place (ulp) at a value, and why an addend smaller than half an ulp
-#   disappears: $2048 + 1 = 2048$, and a running sum of 0.01 stops growing at 32;
-# - how one FP32 addition rounds a value to FP16, the trick behind fast converters.
+# - the unit in the last place (ulp) at a value, and why an addend smaller than half the gap to
+#   the next value in its direction disappears: $2048 + 1 = 2048$, but $2048 - 0.6 = 2047$, and a
+#   running sum of 0.01 stops growing at 32;
+# - how one FP32 addition rounds a value to FP16, the trick behind fast software converters.
 #
-# Time: about 2 seconds to run, 20 minutes to read.
+# Time: about 3.5 seconds to run, 20 minutes to read.
 
 # %%
 import os
@@ -229,18 +230,25 @@ assert abs(formats.round_to(1e-3) - 1e-3) / 1e-3 < FP16.epsilon  # a normal valu
 # %% [markdown]
 # Gradients in deep networks are often that small. Micikevicius et al. (2018, Figure 3)
 # histogram the activation gradients of an SSD detector trained in FP32: most of FP16's range
-# goes unused, while many values lie below $2^{-24}$ and become zero in FP16. Tutorial 3
-# measures the same on a real model here; tutorial 5 moves them back into range with loss
-# scaling. BF16, with FP32's exponent range, has no such problem: its
-# smallest normal value is the same $2^{-126}$ as FP32's.
+# goes unused, while many values lie below its smallest subnormal $2^{-24}$, and those at or
+# below $2^{-25}$ become zero in FP16. Tutorial 3 measures the same on a real model here;
+# tutorial 5 moves them back into range with loss scaling.
+#
+# BF16 has FP32's exponent bits and so the same smallest *normal* value, $2^{-126}$: gradients
+# of $10^{-8}$ or $10^{-20}$ are ordinary normal numbers there. It does not have the same
+# underflow, though. With 7 mantissa bits instead of 23, its subnormals stop at $2^{-133}$,
+# where FP32's go on to $2^{-149}$: a value like $10^{-42}$ is an FP32 subnormal and a BF16 zero.
 
 # %%
-for x in (1e-8, 1e-20, 1e-38):
+for x in (1e-8, 1e-20, 1e-38, 1e-42):
     print(
         f"{x:.0e}:  fp16 {formats.classify(x, 'float16'):<10} bf16 {formats.classify(x, 'bfloat16'):<10} "
         f"fp32 {formats.classify(x, 'float32')}"
     )
 assert formats.classify(1e-20, "float16") == "underflow" and formats.classify(1e-20, "bfloat16") == "normal"
+assert BF16.min_normal == FP32.min_normal == 2.0**-126  # the same normal range ...
+assert BF16.min_subnormal == 2.0**-133 and FP32.min_subnormal == 2.0**-149  # ... not the same underflow
+assert formats.classify(1e-42, "bfloat16") == "underflow" and formats.classify(1e-42, "float32") == "subnormal"
 
 # %% [markdown]
 # ## 5. The ulp, and the additions that are lost
@@ -270,20 +278,30 @@ assert formats.ulp(1.0) == FP16.epsilon and formats.ulp(2048.0) == 2 and formats
 print("formats.ulp agrees with np.spacing on 400 random FP16 and FP32 values")
 
 # %% [markdown]
-# Adding $u$ to $w$ changes nothing when $|u|$ is below half an ulp of $w$: the exact sum lies
-# nearer to $w$ than to its neighbour, and rounding returns $w$. At $w = 2048$ the FP16 ulp is
-# 2, so adding 1 is a tie and goes to the even neighbour, 2048 itself. `formats.update_is_lost`
-# asks exactly this question, and tutorial 4 asks it for every weight of a network at every
-# step of training.
+# Adding $u$ to $w$ changes nothing when the exact sum lies nearer to $w$ than to $w$'s neighbour
+# *in the direction of $u$*: when $|u|$ is below half the gap to that neighbour (at exactly half,
+# a tie, it goes to the even one). Away from zero the gap is one ulp of $w$, so the limit is half
+# an ulp. Toward zero it is the same, except at a power of two: the values just below $2^k$ have
+# the spacing of the binade below, half an ulp of $2^k$, so there the limit is a quarter of an
+# ulp (at the smallest normal, $2^{-14}$, the subnormals below are as far apart as the values
+# above, and the limit stays half an ulp). At $w = 2048$ the FP16 ulp is 2: adding 1 is a tie
+# and goes to the even neighbour, 2048 itself, and adding 0.6 is lost too, but *subtracting*
+# 0.6 gives 2047, because the FP16 values below 2048 are 1 apart. `formats.update_is_lost` asks
+# exactly this question (`tinyamp/amp/lost_updates.py` has the rule), and tutorial 4 asks it for
+# every weight of a network at every step of training.
 
 # %%
 assert np.float16(2048) + np.float16(1) == 2048
-assert np.float16(2048) + np.float16(3) == 2052  # not a tie: 2051 -> 2052, a step of 4 for an addend of 3
+# 2051 is a tie too, halfway between 2050 and 2052; the even neighbour is 2052: a step of 4 for an addend of 3
+assert np.float16(2048) + np.float16(3) == 2052
 assert formats.update_is_lost(2048.0, 1.0) and not formats.update_is_lost(2048.0, 1.5)
+# toward zero from the power of two 2048 the gap is 1, not 2: 0.6 is lost upward but not downward
+assert formats.update_is_lost(2048.0, 0.6) and not formats.update_is_lost(2048.0, -0.6)
+assert np.float16(2048) - np.float16(0.6) == 2047 and formats.round_to(2048 - 0.5) == 2048  # 2047.5: a tie, to even
 assert formats.update_is_lost(1.0, 2**-11) and not formats.update_is_lost(1.0, 2**-10)
 assert np.float32(2**24) + np.float32(1) == 2**24  # FP32 has the same wall, 8192 times further out
 assert not formats.update_is_lost(1.0, 2**-11, "float32")
-print("2048 + 1 in fp16:", float(np.float16(2048) + np.float16(1)))
+print(f"fp16: 2048 + 1 = {np.float16(2048) + np.float16(1)},  2048 - 0.6 = {np.float16(2048) - np.float16(0.6)}")
 print(
     "weight 0.06, update 1e-5 lost in fp16?",
     formats.update_is_lost(0.06, 1e-5),
@@ -355,6 +373,7 @@ ax_ulp.set_ylabel("ulp(x): gap to the next value")
 ax_ulp.set_title("Spacing of representable values")
 ax_ulp.grid(True, which="major", alpha=0.3)
 ax_ulp.legend(fontsize=8)
+drawn_ulp = {line.get_label(): (line.get_xdata(), line.get_ydata()) for line in ax_ulp.get_lines()}
 
 steps = np.arange(1, N + 1)
 ax_sum.plot(steps, exact, color="#777777", lw=2.5, label="exact")
@@ -370,8 +389,23 @@ fig.tight_layout()
 path = OUT / "01_ulp_and_stalled_sum.png"
 fig.savefig(path, dpi=110)
 plt.close(fig)
-assert path.exists()
 print("wrote", path.name)
+
+# The ruler, read off the plotted staircases: over FP16's normal range FP32's ulp is 2^13 times
+# smaller and BF16's 2^3 times larger (compared where no format rounds x up into the next binade,
+# which happens just below each power of two, soonest in BF16); among FP16's subnormals its ulp is
+# flat at 2^-24; its line ends at 65504, the others run to the edge of the plot.
+x16, ulp16 = drawn_ulp["float16"]
+ulp32, ulp_bf16 = drawn_ulp["float32"][1][: x16.size], drawn_ulp["bfloat16"][1][: x16.size]
+binade = np.floor(np.log2(x16))
+with np.errstate(divide="ignore"):  # FP16 rounds the smallest x to 0, whose log2 is -inf: not the same binade
+    same_binade = np.all([np.floor(np.log2(formats.round_to(x16, f.name))) == binade for f in (FP16, BF16)], axis=0)
+normal16 = (x16 >= FP16.min_normal) & same_binade
+assert np.all(ulp16[normal16] / ulp32[normal16] == 2.0**13) and normal16.mean() > 0.5
+assert np.all(ulp_bf16[normal16] / ulp16[normal16] == 2.0**3)
+subnormal16 = x16 < FP16.min_normal
+assert np.all(ulp16[subnormal16] == FP16.min_subnormal) and subnormal16.any()
+assert x16.max() <= FP16.max < drawn_ulp["float32"][0].max() == drawn_ulp["bfloat16"][0].max() == xs.max()
 
 # %% [markdown]
 # Read the left panel as a ruler. Each format's ulp is a staircase that doubles at each power of
@@ -381,16 +415,17 @@ print("wrote", path.name)
 #
 # ## 6. Rounding with one addition
 #
-# The ruler explains a trick that every fast FP16 converter uses. Adding $x$ to a much larger
+# The ruler explains a trick that fast software FP16 converters use. Adding $x$ to a much larger
 # number $B$ rounds $x$ to the ulp of $B$. For $2^E \le |x| < 2^{E+1}$ FP16's ulp is $2^{E-10}$,
 # and FP32's ulp at $B = 2^{E+13}$ is $2^{E+13-23} = 2^{E-10}$: the same. So in FP32 arithmetic
 # $(|x| + B) - B$ is $|x|$ rounded to FP16, by the hardware's own round to nearest, ties to
 # even. Below $2^{-14}$ FP16's ulp stops shrinking at $2^{-24}$, so $B$ stops at $2^{-1}$.
 # No branch, no loop over elements: this is how tinyamp rounds arrays, in
 # `tinyamp/rounding.py` (it reads the bits of the sum instead of subtracting $B$), the reference
-# that `tinyamp.kernels.cast` runs. The engine room runs the same formula faster, with the same
-# bits: in cache-sized blocks of NumPy passes, or as a loop over single elements compiled by
-# numba when it is installed (`tinyamp/fast/casts.py`; `benchmarks/cast_speed.py` times them).
+# that `tinyamp.kernels.cast` runs. The engine room runs the same formula with the same bits in
+# two other ways: in cache-sized blocks of NumPy passes, or as a loop over single elements
+# compiled by numba when it is installed (`tinyamp/fast/casts.py`). This tutorial checks their
+# bits, not their speed: `benchmarks/cast_speed.py` measures how fast each one runs on your machine.
 
 # %%
 from tinyamp.rounding import round_to_float16  # noqa: E402
@@ -433,9 +468,12 @@ for implementation in casts.KERNELS:
 # - BF16: FP32's range of normal numbers with 7 mantissa bits, epsilon $2^{-7}$: 8 times coarser
 #   than FP16. Its smallest subnormal is $2^{-133}$ against FP32's $2^{-149}$, so it keeps every
 #   normal FP32 magnitude but underflows a little sooner.
-# - Rounding is to nearest, ties to even; an addend smaller than half the gap from the sum to its
-#   neighbour is lost (half an ulp, or a quarter of one toward zero from a power of two).
+# - Rounding is to nearest, ties to even. An addend is lost when it is smaller than half the gap
+#   between the value it is added to and that value's neighbour in the addend's direction (half
+#   an ulp; toward zero from a normal power of two above $2^{-14}$, a quarter of one); one of
+#   exactly half is a tie that goes to the even neighbour.
 #
 # The two failures of FP16 training follow directly. Gradients at or below $2^{-25}$ vanish
-# (underflow; fixed by loss scaling), and weight updates 2048 to 4096 times smaller than their
-# weight vanish (fixed by FP32 master weights). Tutorial 3 measures both on a real network.
+# (underflow; fixed by loss scaling), and a weight update can vanish once its weight is 2048 times
+# larger, and always does once it is 4096 times larger (fixed by FP32 master weights). Tutorial 3
+# measures both on a real network.

@@ -8,17 +8,22 @@
 #
 # - **forward: overflow.** A value above 65504 becomes inf. We find where it happens with
 #   `tinyamp.inspect.find_overflow`, which names the op and the module.
-# - **backward: underflow.** A gradient below $2^{-24}$ becomes 0. We count, for the same
-#   weights and the same batch, how many gradient values FP16 turns into zeros that FP32 keeps.
-# - **update: lost updates.** A weight update smaller than half an ulp of its weight does not
-#   change the weight. We count the lost updates over a training run and compare the loss
-#   curves.
+# - **backward: underflow.** A gradient at or below $2^{-25}$, half FP16's smallest subnormal,
+#   becomes 0. We count, for the same weights and the same batch, how many gradient values FP16
+#   turns into zeros that FP32 keeps.
+# - **update: lost updates.** A weight update smaller than half the gap from its weight to the
+#   next FP16 value in its direction does not change the weight (tutorial 1). We count the lost
+#   updates over a training run and compare the loss curves.
 #
 # Tutorial 1 explained the formats; here we see their limits on a network that learns.
 # Tutorials 4 and 5 repair the last two failures; tutorial 6 explains the op policy that
 # avoids the first.
 #
-# Time: about 6 seconds to run, 25 minutes to read.
+# The products run on one BLAS thread (`threadpool_limits(1)` below): OpenBLAS splits the work of
+# a product differently for each thread count, so its float32 sums would round differently and
+# the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
+#
+# Time: about 6.5 seconds to run, 25 minutes to read.
 
 # %%
 import contextlib
@@ -31,6 +36,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import nn
@@ -44,6 +50,9 @@ from tinyamp.inspect import find_overflow
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
+# One BLAS thread: with another thread count OpenBLAS splits each product's sums differently, and
+# the float32 results round differently (and on a busy machine, threads wait for each other).
+threadpool_limits(1)
 
 FP16 = formats.get_format("float16")
 
@@ -71,8 +80,9 @@ print(task.make_model())
 #
 # - `model.half()` stores every weight in FP16 (2 bytes each);
 # - the forward pass runs under `autocast("float16")`, so the matrix products take FP16
-#   operands, accumulate in FP32 and round the result to FP16, as a GPU's Tensor Cores do.
-#   Autocast keeps the loss (softmax and cross-entropy) in FP32; section 2 shows why;
+#   operands, accumulate in FP32 and round the result to FP16, the model of a GPU's Tensor
+#   Cores (tutorial 8). Autocast keeps the loss (softmax and cross-entropy) in FP32; section 2
+#   shows why;
 # - the optimizer updates the FP16 weights in place: tinyamp's SGD computes each update in FP32
 #   and rounds the new weight once to FP16. There is no FP32 copy of the weights.
 #
@@ -141,13 +151,24 @@ with ta.no_grad():
 logits16 = h
 assert max(peak.values()) < FP16.max / 1000  # inputs in [0, 1] and sensible weights: far from 65504
 
+# PyTorch's default initialization, which DigitsMLP uses: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), whose
+# variance is (2 / sqrt(fan_in))^2 / 12 = 1 / (3 fan_in). The sample variance of n uniform values
+# has a relative standard error of sqrt(0.8 / n): 1.8% for the 2560 weights of the last layer.
+for name, layer in task.make_model().named_children():
+    if isinstance(layer, nn.Linear):
+        w = layer.weight.numpy().astype(np.float64)
+        fan_in = w.shape[1]
+        ratio = w.var() * 3 * fan_in
+        print(f"layer {name}: fan-in {fan_in:3d}, initial weight variance x 3 fan-in = {ratio:.3f}")
+        assert np.abs(w).max() <= 1 / np.sqrt(fan_in) and abs(ratio - 1) < 4 * np.sqrt(0.8 / w.size)
+
 # %% [markdown]
-# The hidden activations use a tiny part of FP16's range: inputs in $[0, 1]$ and weights
-# initialized with variance $1/\text{fan-in}$ keep every layer's outputs of order 1. The
-# logits are larger, because training makes the network confident: the logit of the right
-# class grows until the softmax probability is close to 1. That is where the danger is. A
-# softmax written straight from its definition, $p_i = e^{z_i} / \sum_j e^{z_j}$, computes
-# $e^{z}$, and in FP16 $e^{z}$ overflows for $z > \ln 65504 \approx 11.09$.
+# The hidden activations use a tiny part of FP16's range: inputs in $[0, 1]$ and weights drawn
+# from $U(\pm 1/\sqrt{\text{fan-in}})$, of variance $1/(3\,\text{fan-in})$, keep every layer's
+# outputs of order 1. The logits are larger, because training makes the network confident: the
+# logit of the right class grows until the softmax probability is close to 1. That is where the
+# danger is. A softmax written straight from its definition, $p_i = e^{z_i} / \sum_j e^{z_j}$,
+# computes $e^{z}$, and in FP16 $e^{z}$ overflows for $z > \ln 65504 \approx 11.09$.
 #
 # We append such a naive softmax to the trained network as a module of its own and run the
 # test set through it in FP16, with `find_overflow` watching every op. It records each op
@@ -177,6 +198,7 @@ print(
 )
 assert found.first.direction == "forward" and found.first.op == "Exp" and found.first.module == "5"
 assert nan_rows == confident > 0.5
+assert zero_rows > 0  # a few rows: every exponential finite, their sum not
 
 # %% [markdown]
 # The first event is the `Exp` in module "5", the naive softmax; the later ones are the
@@ -206,8 +228,10 @@ assert np.all(np.isfinite(probs_autocast)) and np.allclose(probs_autocast, refer
 #
 # The gradient of a mean loss over a batch of $N$ examples with respect to the logits is
 # $(p - \text{onehot}(y)) / N$. For an example the network already gets right with
-# probability $1 - 10^{-6}$, those entries are about $10^{-6} / 32 \approx 3 \times 10^{-8}$,
-# below FP16's smallest subnormal $2^{-24} \approx 6 \times 10^{-8}$. Backward carries these
+# probability $1 - 10^{-7}$, those entries are about $10^{-7} / 32 \approx 3 \times 10^{-9}$,
+# ten times below $2^{-25} \approx 3 \times 10^{-8}$: FP16 rounds them to 0. At $1 - 10^{-6}$
+# they are $3.1 \times 10^{-8}$, just above $2^{-25}$, and FP16 rounds them *up* to its smallest
+# subnormal $2^{-24} \approx 6 \times 10^{-8}$, almost twice their size. Backward carries these
 # small values through every layer.
 #
 # To measure it we take one batch and the trained FP16 weights, and compute the gradients twice:
@@ -220,6 +244,9 @@ assert np.all(np.isfinite(probs_autocast)) and np.allclose(probs_autocast, refer
 
 
 # %%
+assert formats.round_to(1e-7 / 32) == 0 and formats.round_to(1e-6 / 32) == FP16.min_subnormal
+
+
 def gradients(model, batch, fp16):
     """Gradients at each layer's output and of each weight, for one batch, as float64 arrays."""
     x, y = batch
@@ -244,12 +271,12 @@ def underflow_report(model16, batch, title):
     act32, w32 = gradients(model32, batch, fp16=False)
     act16, w16 = gradients(model16, batch, fp16=True)
     print(title)
-    shares, predicted = {}, {}
+    shares, predicted, subnormal_shares = {}, {}, {}
     for (name, layer), g32, g16 in zip(model16.named_children(), act32, act16):
         nonzero = g32 != 0
         shares[name] = float(np.mean(g16[nonzero] == 0))
         predicted[name] = formats.flushed_to_zero_fraction(g32)
-        subnormal = float(np.mean(np.abs(g16[g16 != 0]) < FP16.min_normal))
+        subnormal = subnormal_shares[name] = float(np.mean(np.abs(g16[g16 != 0]) < FP16.min_normal))
         print(
             f"  output of {name} ({type(layer).__name__:<6}): {shares[name]:6.1%} flushed to 0 "
             f"(rounding predicts {predicted[name]:6.1%}); {subnormal:6.1%} of the survivors are subnormal"
@@ -258,40 +285,43 @@ def underflow_report(model16, batch, title):
     g16_all = np.concatenate([g.ravel() for g in w16.values()])
     shares["weights"] = float(np.mean(g16_all[g32_all != 0] == 0))
     print(f"  weight gradients:        {shares['weights']:6.1%} flushed to 0")
-    return shares, predicted, np.concatenate([g.ravel() for g in act32])
+    return shares, predicted, subnormal_shares, np.concatenate([g.ravel() for g in act32])
 
 
 batch = next(task.batches(start=STEPS))  # the batch after the last training batch
-start, _, _ = underflow_report(task.make_model().half(), batch, "initial weights:")
-end, end_predicted, act32_end = underflow_report(model16, batch, "after training:")
+start, _, start_subnormal, _ = underflow_report(task.make_model().half(), batch, "initial weights:")
+end, end_predicted, end_subnormal, act32_end = underflow_report(model16, batch, "after training:")
 
 assert all(share < 0.01 for share in start.values())  # an untrained network: nothing underflows
-assert end["4"] > 0.3  # the logits' gradient: the per-example errors of confident predictions
-assert all(end[name] > 0.1 for name in ("0", "1", "2", "3"))  # carried down through every layer
-assert end["weights"] > 0.01  # weight gradients are sums over the batch: fewer, but some
+assert all(share < 0.15 for share in start_subnormal.values())  # and the survivors are mostly normal
+assert 0.6 < end["4"] < 0.72  # the logits' gradient, about two thirds: the errors of confident predictions
+assert all(0.2 < end[name] < 0.36 for name in ("0", "1", "2", "3"))  # carried down through every layer
+assert all(share > 0.5 for share in end_subnormal.values())  # most survivors are subnormal
+assert 0.01 < end["weights"] < 0.1  # weight gradients are sums over the batch: a few percent
 assert all(abs(end[name] - end_predicted[name]) < 0.03 for name in end_predicted)  # the format explains it
 
 # %% [markdown]
 # Before training nothing underflows: the predictions are uncertain, $p - y$ is of order 0.1,
-# and all gradients are comfortably normal. After training, two thirds of the logits' gradient
-# values are zero in FP16, and a fifth to a third at the hidden layers; most of the survivors
-# are subnormal, with only a few significant bits. The measured shares are close to
-# the prediction from rounding the FP32 values: the zeros come from the format, not from the
-# way the FP16 backward pass is computed.
+# and nearly all gradients are normal FP16 numbers. After training, about two thirds of the
+# logits' gradient values are zero in FP16, and a quarter to a third at the hidden layers; most of
+# the survivors are subnormal, with only a few significant bits. The measured shares are within
+# 3 points of the prediction from rounding the FP32 values: the zeros come from the format, not
+# from the way the FP16 backward pass is computed.
 #
 # The weight gradients fare better (a few percent are zero) because each is a sum over the 32
-# examples of the batch, computed with FP32 accumulation in the emulated Tensor Core product,
-# and a sum of 32 terms is usually larger than each of them. How much the zeros cost depends on
-# the model: Micikevicius et al. (2018) trained their image classifiers in mixed precision
-# without loss scaling, while their SSD detector, with many activation gradients below FP16's
-# range (their Figure 3), needed loss scaling to match FP32 (tutorial 5). The histogram shows this
+# examples of the batch, computed with FP32 accumulation in the FP16 product, and a sum of 32
+# terms is usually larger than each of them. How much the zeros cost depends on the model:
+# Micikevicius et al. (2018) trained their image classifiers in mixed precision without loss
+# scaling, while their SSD detector, with many activation gradients below FP16's range (their
+# Figure 3), needed loss scaling to match FP32 (tutorial 5). The histogram shows this
 # network's FP32 activation gradients against FP16's bands.
 
 # %%
 nonzero = act32_end[act32_end != 0]
+log2_grad = np.log2(np.abs(nonzero))
 fig, ax = plt.subplots(figsize=(7.5, 4))
-bins = np.arange(-45, 3)
-ax.hist(np.log2(np.abs(nonzero)), bins=bins, color="#444444", edgecolor="white", lw=0.3)
+bins = np.arange(np.floor(log2_grad.min()), 3)  # from the smallest value up: every value drawn
+ax.hist(log2_grad, bins=bins, color="#444444", edgecolor="white", lw=0.3)
 ax.axvspan(bins[0], -25, color="#d62728", alpha=0.15, zorder=0, label="0 in FP16 (at or below 2^-25)")
 ax.axvspan(-25, -14, color="#ff7f0e", alpha=0.15, zorder=0, label="FP16 subnormal (2^-25 to 2^-14)")
 ax.axvspan(-14, bins[-1], color="#2ca02c", alpha=0.12, zorder=0, label="FP16 normal")
@@ -303,19 +333,21 @@ fig.tight_layout()
 hist_path = OUT / "03_gradient_histogram.png"
 fig.savefig(hist_path, dpi=110)
 plt.close(fig)
-assert hist_path.exists()
 below = float(np.mean(np.abs(nonzero) <= 2.0**-25))
 print(f"{below:.1%} of the nonzero FP32 activation gradients are at or below 2^-25")
-assert below > 0.2
+counts, _ = np.histogram(log2_grad, bins=bins)
+assert counts.sum() == nonzero.size  # every value is drawn: none lies outside the bins
+assert below > 0.2  # more than a fifth of the activation gradients lie in the red band
 
 # %% [markdown]
 # ## 4. Update: lost weight updates
 #
 # The third failure is in the optimizer step. SGD computes an update $\Delta$ in FP32 and
-# writes $\text{fp16}(w + \Delta)$ back into the weight. If $|\Delta|$ is below half an ulp of
-# $w$, that is $w$ again: the update is lost. For a weight in $[2^k, 2^{k+1})$ half an ulp is
-# $2^{k-11}$, so a weight more than 2048 times larger than its update is at risk, and one more
-# than 4096 times larger never moves (tutorial 4 works this out exactly).
+# writes $\text{fp16}(w + \Delta)$ back into the weight. If $|\Delta|$ is below half the gap from
+# $w$ to the next FP16 value in $\Delta$'s direction, that is $w$ again: the update is lost. For
+# a weight in $[2^k, 2^{k+1})$ half an ulp is $2^{k-11}$, and toward zero from $w = 2^k$ the gap
+# is half as large (for $k > -14$). So a weight 2048 or more times larger than its update is at
+# risk, and one 4096 or more times larger never moves (tutorial 4 works this out exactly).
 #
 # Updates shrink during training for two reasons: the gradients shrink as the examples are
 # fitted, and the learning rate decays. The meter's counts show the effect.
@@ -331,16 +363,16 @@ print(
     f"lost updates in the first fifth of the run: {early:.1%}; in the last fifth: {late:.1%}; "
     f"over the whole run: {n_lost.sum() / changed.sum():.1%}"
 )
-assert late > 0.8 and early < late - 0.3
+assert 0.2 < early < 1 / 3 and late > 0.95  # a fifth to a third early on, virtually all at the end
 
 # %% [markdown]
 # Even early on, a fifth to a third of the updates are lost: the weights whose gradients are
 # small compared with the weights themselves do not move even at the full learning rate.
-# By the end, with the learning rate near 0, virtually every update is lost. That alone would
-# not matter, since FP32 makes only tiny changes there too. What matters is that the lost
-# updates are not random noise: they are a systematic bias toward the current weights, and
-# small consistent updates that would add up over hundreds of steps in FP32 add up to nothing
-# in FP16. The loss curves show the consequence.
+# In the last fifth of the run, with the learning rate near 0, virtually every update is lost.
+# That alone would not matter, since FP32 makes only tiny changes there too. What matters is
+# that the lost updates are not random noise: they are a systematic bias toward the current
+# weights, and small consistent updates that would add up over hundreds of steps in FP32 add up
+# to nothing in FP16. The loss curves show the consequence.
 
 
 # %%
@@ -383,24 +415,38 @@ fig.tight_layout()
 curves_path = OUT / "03_loss_and_lost_updates.png"
 fig.savefig(curves_path, dpi=110)
 plt.close(fig)
-assert curves_path.exists()
+# What the upper panel shows: while most updates still count, the smoothed FP16 curve wanders a
+# few percent either side of FP32's (the runs see the same batches, but their weights already
+# differ by FP16's rounding), with no lean either way; over the last fifth it lies above.
+gap = smooth(loss16) / smooth(loss32) - 1
+half_lost = int(steps_measured[np.argmax(lost_fraction > 0.5)])  # the first measured step losing half
+early_gap, late_gap = gap[x_smooth < half_lost], gap[x_smooth >= STEPS - STEPS // 5]
+print(
+    f"smoothed FP16 loss against FP32's before step {half_lost} (half the updates lost from there): "
+    f"{early_gap.min():+.1%} to {early_gap.max():+.1%}, {early_gap.mean():+.1%} on average; "
+    f"last fifth: {late_gap.min():+.1%} to {late_gap.max():+.1%}"
+)
+assert early_gap.min() < 0 < early_gap.max() and abs(early_gap.mean()) < 0.02
+assert late_gap.min() > 0.1
 
 # %% [markdown]
 # For the first part of the run the two curves lie on top of each other: the learning rate is
-# large, the updates are large, and the FP16 rounding of the weights is noise next to them.
-# Once the learning rate decays and most updates are lost, FP32 keeps refining the fit while
-# FP16 lags, and its loss ends clearly above FP32's. Here the test accuracy hardly moves,
-# because the updates that vanish are the small late ones that sharpen the fit rather than
-# change decisions. On larger problems Micikevicius et al. (2018) found the same mechanism
-# costs accuracy.
+# large, the updates are large, and the FP16 rounding of the weights is noise next to them (the
+# FP16 curve falls on both sides of FP32's, with no lean either way). Once the learning rate decays and most
+# updates are lost, FP32 keeps refining the fit while FP16 lags, and over the last fifth of the
+# run its loss stays more than 10% above FP32's. Here the test accuracy hardly moves, because
+# the updates that vanish are the small late ones that sharpen the fit rather than change
+# decisions. On a larger problem the same mechanism costs accuracy: Micikevicius et al. (2018,
+# Section 3.1) report that updating the FP16 weights of their Mandarin speech model directly,
+# without an FP32 master copy, cost 80% relative accuracy.
 #
 # ## Summary
 #
 # | step | FP16 failure | seen here | repair |
 # |---|---|---|---|
 # | forward | overflow above 65504 | a naive softmax's $e^{z}$ on confident logits | FP32 exp/softmax/loss (tut. 6) |
-# | backward | underflow below $2^{-24}$ | 2/3 of the logits' gradients, trained net | loss scaling (tutorial 5) |
-# | update | updates under ulp/2 lost | over 80% late in training; higher loss | FP32 master weights (tut. 4) |
+# | backward | underflow at or below $2^{-25}$ | 2/3 of the logits' gradients, trained net | loss scaling (tut. 5) |
+# | update | updates under half the gap lost | over 95% late in training; higher loss | FP32 master weights (tut. 4) |
 #
 # None of the three is visible at the start of training: all three grow as the network fits
 # the data, because confident predictions mean large logits and small errors, and a decaying

@@ -2,9 +2,9 @@
 # # 5. Loss scaling
 #
 # FP16 has five exponent bits: its smallest positive value is $2^{-24} \approx 6 \times 10^{-8}$,
-# and many gradients of a trained network are smaller than that. This tutorial shows those
-# gradients vanish in a real FP16 backward pass, and how multiplying the loss by a scale $S$
-# brings them back. We start with a fixed (static) scale, then step tinyamp's dynamic
+# and many gradients of a trained network are smaller than that. This tutorial shows that those
+# at or below $2^{-25}$ vanish in a real FP16 backward pass, and how multiplying the loss by a
+# scale $S$ brings them back. We start with a fixed (static) scale, then step tinyamp's dynamic
 # `LossScaler` by hand through overflows and clean steps, watch it on a real training run,
 # and compare the published rules of PyTorch, Apex, Keras, jmp and Chainer on one event sequence.
 #
@@ -16,7 +16,11 @@
 # - that a skipped step changes no weight and no optimizer moment;
 # - where the published scaler rules differ.
 #
-# Time: about 3 seconds to run, 20 minutes to read.
+# The products run on one BLAS thread (`threadpool_limits(1)` below): OpenBLAS splits the work of
+# a product differently for each thread count, so its float32 sums would round differently and
+# the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
+#
+# Time: about 5 seconds to run, 20 minutes to read.
 
 # %%
 import os
@@ -27,16 +31,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import nn, optim
 from tinyamp.amp import PRESETS, LossScaler, MasterWeights, autocast, formats, presets_table
+from tinyamp.amp.loss_scale import EVENTS, STATES
 from tinyamp.data import load_digits
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
+# One BLAS thread: with another thread count OpenBLAS splits each product's sums differently, and
+# the float32 results round differently (and on a busy machine, threads wait for each other).
+threadpool_limits(1)
 
 F16 = formats.get_format("float16")
 print(
@@ -49,8 +58,9 @@ print(
 #
 # The gradient of a mean loss over a batch of $N$ examples is the per-example error divided
 # by $N$. Once a network fits its data, the per-example errors $p - y$ of the softmax are
-# small, and after the division many gradient values fall below $2^{-24}$: in FP16 they round
-# to zero. Values between $2^{-24}$ and $2^{-14}$ survive as subnormals, with fewer significant
+# small, and after the division many gradient values fall below FP16's range: those at or below
+# $2^{-25}$, half the smallest subnormal, round to zero (those between $2^{-25}$ and $2^{-24}$
+# round up to $2^{-24}$). Values up to $2^{-14}$ survive as subnormals, with fewer significant
 # bits the smaller they are.
 #
 # To see it on a real model we train a small MLP on the 8x8 digits in FP32 until its loss is
@@ -122,14 +132,16 @@ assert share_scaled < share_unscaled / 4, (share_scaled, share_unscaled)
 
 # %% [markdown]
 # The histogram below shows why one multiplication suffices. Multiplying by $2^{16}$ adds 16
-# to every $\log_2 |g|$: the whole distribution slides right, out of the region where FP16
-# rounds to zero, and still ends far below the overflow threshold $65504 \approx 2^{16}$.
+# to every $\log_2 |g|$: the whole distribution slides right, most of it out of the region where
+# FP16 rounds to zero. The values that started at or below $2^{-41}$ stay there, and they are
+# about the 0.27% the scaled backward still lost. The top of the distribution ends far below the
+# overflow threshold $65504 \approx 2^{16}$.
 
 # %%
 ref_values = np.concatenate([r.ravel() for r in reference.values()])
 log2g = np.log2(np.abs(ref_values[ref_values != 0]))
 fig, ax = plt.subplots(figsize=(7, 3.5))
-bins = np.arange(-45, 20)
+bins = np.arange(np.floor(log2g.min()), 20)  # from the smallest value: every value drawn
 ax.hist(log2g, bins=bins, alpha=0.6, label="FP32 gradients, S = 1")
 ax.hist(log2g + 16, bins=bins, alpha=0.6, label="the same, times S = 2^16")
 ax.axvspan(bins[0], -25, color="red", alpha=0.12, label="rounds to 0 in FP16")
@@ -143,7 +155,15 @@ fig.tight_layout()
 hist_path = OUT / "05_gradient_histogram.png"
 fig.savefig(hist_path, dpi=110)
 plt.close(fig)
-assert hist_path.exists()
+red_before, red_after = np.mean(log2g <= -25), np.mean(log2g + 16 <= -25)
+print(
+    f"FP32 values in the red band: {red_before:.3%} before the shift, {red_after:.3%} after "
+    f"(lost in the FP16 backward with S = 2^16: {share_scaled:.3%}); the largest lands at 2^{log2g.max() + 16:.1f}"
+)
+assert bins[0] <= log2g.min() and log2g.max() + 16 < bins[-1]  # every value drawn, before and after the shift
+assert 0 < red_after < red_before / 4  # most of the red band's values leave it, not all
+assert abs(red_after - share_scaled) < 0.001  # and those that stay are what the scaled FP16 backward lost
+assert log2g.max() + 16 < np.log2(F16.max) - 4  # the top of the shifted distribution: 16x below overflow
 
 # %% [markdown]
 # Zeros are the extreme case. Between $2^{-24}$ and $2^{-14}$ FP16 keeps a value as a
@@ -152,8 +172,9 @@ assert hist_path.exists()
 # both are exact as long as no value overflows or lands among the subnormals. Below we count
 # the share of the nonzero FP16 gradient values that were subnormal (before unscaling), and
 # the median relative error, against FP32, of the gradient values that FP32 has below $2^{-14}$.
-# With the scale, what error remains comes from the FP16 forward pass, not from the gradients'
-# format.
+# With the scale, the small gradients are normal FP16 numbers, and what error remains is the
+# ordinary rounding of the FP16 forward and backward passes ($2^{-11}$ relative at each rounding,
+# accumulated over the layers), no longer the missing bits of subnormals.
 
 # %%
 ref_flat = np.concatenate([r.ravel() for r in reference.values()])
@@ -181,6 +202,7 @@ print(
 )
 assert sub_unscaled > 0.25 and sub_scaled < sub_unscaled / 10, (sub_unscaled, sub_scaled)
 assert err_scaled < err_unscaled / 2, (err_scaled, err_unscaled)
+assert err_scaled > 2.0**-11  # more than one rounding's worth: errors accumulated through the layers
 
 # %% [markdown]
 # ## 2. Static loss scaling, and what it gets wrong
@@ -188,14 +210,43 @@ assert err_scaled < err_unscaled / 2, (err_scaled, err_unscaled)
 # Micikevicius et al. (2018) trained with a constant scale chosen per network (they report
 # factors from 8 to 32K). The trouble is the other end: the largest gradient value times $S$
 # must stay below 65504. The first gradient of the backward pass is $S (p - y) / N$, which for
-# a batch of 128 and $S = 2^{28}$ is about $2^{21} \cdot |p - y|$: infinite in FP16.
+# a batch of 128 and $S = 2^{28}$ is $2^{21} \cdot |p - y|$: infinite in FP16 wherever
+# $|p - y|$ exceeds $65504 / 2^{21} \approx 0.03$, as many entries of a barely trained
+# network's errors do.
 #
 # A scaler never lets an infinite gradient reach the weights. `step` checks every gradient
 # after unscaling; if any is inf or NaN the optimizer is not called at all, and the report
 # names the parameters. We check that literally: every byte of the FP16 weights, the FP32
 # masters and the momentum buffers is the same after the skipped step.
+#
+# A scaler's printout names its *state*, and each step's report names the *event* of that
+# step's transition (`tinyamp/amp/loss_scale.py` has the rule that decides both):
+#
+# | state | meaning |
+# |---|---|
+# | `static`, `off` | the modes in which the scale never changes (a fixed $S$, or $S = 1$) |
+# | `warmup` | with `warmup=True` (Chainer's rule): doubling at every clean step until the first overflow |
+# | `steady` | clean steps, counting toward the next growth |
+# | `backed_off` | the last step overflowed and the scale was cut |
+# | `at_floor` | the scale equals `min_scale`: a further overflow cannot cut it |
+# | `at_ceiling` | the scale equals `max_scale`, or one more growth would be inf in the scale's dtype |
+#
+# | event | meaning |
+# |---|---|
+# | `held` | the scale did not change this step |
+# | `grew` | multiplied by `growth_factor` after enough clean steps |
+# | `backed_off` | multiplied by `backoff_factor` after an overflow |
+# | `hit_floor` | a backoff clamped at `min_scale` |
+# | `hit_ceiling` | a growth clamped at `max_scale`, or refused because the result would be inf |
+#
+# Where several states apply, the one shown is the first in the order `static`/`off`, `warmup`,
+# `at_floor`, `at_ceiling`, `backed_off`, `steady`.
 
 # %%
+DEFINED_STATES = ("static", "off", "warmup", "steady", "backed_off", "at_floor", "at_ceiling")
+DEFINED_EVENTS = ("held", "grew", "backed_off", "hit_floor", "hit_ceiling")
+assert set(DEFINED_STATES) == set(STATES) and set(DEFINED_EVENTS) == set(EVENTS)  # the tables above are complete
+
 ta.manual_seed(1)
 mlp = nn.MLP([64, 64, 64, 10]).half()
 opt = MasterWeights(optim.SGD(mlp.named_parameters(), lr=0.1, momentum=0.9))
@@ -234,8 +285,10 @@ for _ in range(3):
     print(report)
     assert report.skipped and report.nonfinite_params
     assert all(np.array_equal(a, b) for a, b in zip(before, after))  # nothing moved, bit for bit
-assert static.scale == 2.0**28 and static.state == "static"
 print(static)
+# the claim of the next paragraph: its scale never moved, so every one of the three steps overflowed
+assert all(e.found_inf and e.event == "held" and e.scale_after == e.scale_before == 2.0**28 for e in static.history)
+assert len(static.history) == 3 and static.state == "static"
 
 # %% [markdown]
 # The static scaler skips, correctly, and skips again, for ever: its scale never moves, so a
@@ -245,7 +298,9 @@ print(static)
 #
 # ## 3. The dynamic scaler, one transition at a time
 #
-# The rule (PyTorch's `GradScaler`, and tinyamp's default), applied once per step:
+# The rule of tinyamp's `LossScaler`, applied once per step (PyTorch's `GradScaler` is the same
+# rule without the two bounds: it has no `min_scale` or `max_scale`, and only refuses a growth
+# whose float32 result would be inf; with both bounds left at None, tinyamp's rule is that one):
 #
 # | event | new scale | growth tracker |
 # |---|---|---|
@@ -272,10 +327,10 @@ print(hand.history[-1])
 
 # %% [markdown]
 # Read the table against the rule. Three clean steps double the scale (steps 2 and 5); at
-# the ceiling, growth is refused (`hit_ceiling`). Each overflow halves it, down to the floor,
-# where a further overflow is `hit_floor`. After an overflow the tracker restarts from 0, so
-# growth waits a full interval again. The asserts below recompute these facts from the
-# recorded history, not from the table we expect.
+# the ceiling, the next growth is clamped (`hit_ceiling`). Each overflow halves it, down to
+# the floor, where a further overflow is `hit_floor`. After an overflow the tracker restarts
+# from 0, so growth waits a full interval again. The asserts below recompute these facts from
+# the recorded history, not from the table we expect.
 
 # %%
 h = hand.history_columns()
@@ -345,7 +400,14 @@ fig.tight_layout()
 trajectory_path = OUT / "05_scale_trajectory.png"
 fig.savefig(trajectory_path, dpi=110)
 plt.close(fig)
-assert trajectory_path.exists()
+# What the lower panel shows: every growth comes after 20 clean steps in a row; the scale first
+# falls to its lowest value, then, as the gradients shrink, the scale that fits them rises.
+grew_at = [i for i, e in enumerate(run["event"]) if e == "grew"]
+assert all(i >= 19 and not any(run["found_inf"][i - 19 : i + 1]) for i in grew_at)
+lowest = int(np.argmin(run["scale_after"]))
+lowest_scale = run["scale_after"][lowest]
+print(f"the lowest scale, 2^{np.log2(lowest_scale):.0f}, at step {lowest}; at the end 2^{np.log2(scaler.scale):.0f}")
+assert lowest < len(losses) // 2 and scaler.scale > lowest_scale
 
 # %% [markdown]
 # ## 5. The published rules, side by side
@@ -387,11 +449,15 @@ for name, tr in trajectories.items():
 # What the table shows, each a documented difference of the rules:
 #
 # - **Growth after 2000 clean steps.** PyTorch, Apex, Keras and jmp double their scale at the
-#   2000th clean step; Keras and jmp start at $2^{15}$, so they end one power of two below
-#   PyTorch. Chainer instead doubles at *every* clean step until its first overflow, and is
-#   clamped at its ceiling of 65504 (the FP16 maximum, not a power of two) after 16 steps.
+#   2000th clean step. Keras starts at $2^{15}$, its default; jmp's `DynamicLossScale` has no
+#   default starting scale, and the preset takes $2^{15}$, the example in jmp's documentation.
+#   Both therefore run one power of two below PyTorch, and their curves lie on top of each
+#   other until the burst of overflows takes jmp to its floor. Chainer instead doubles at
+#   *every* clean step until its first overflow, and is clamped at its ceiling of 65504 (the
+#   FP16 maximum, not a power of two) after 16 steps.
 # - **The ceiling.** Apex caps the scale at $2^{24}$; PyTorch only refuses a growth whose
-#   float32 result would be infinite, so after 19499 clean steps it reaches $2^{25}$.
+#   float32 result would be infinite (so it has no ceiling in practice), and after 19499 clean
+#   steps it reaches $2^{25}$. The two curves coincide until PyTorch grows past Apex's ceiling.
 # - **The floor.** After 30 overflows in a row PyTorch, Apex and Keras have halved their
 #   scale far below 1 (with enough overflows PyTorch's reaches 0); jmp and Chainer stop at 1.
 # - **Chainer after its warm-up** grows by $2^{1/1000}$ per clean step, and its ceiling 65504
@@ -423,14 +489,20 @@ fig.tight_layout()
 presets_path = OUT / "05_presets.png"
 fig.savefig(presets_path, dpi=110)
 plt.close(fig)
-assert presets_path.exists()
+# Curves drawn on top of each other: Keras and jmp until the burst of overflows takes Keras below
+# jmp's floor of 1; PyTorch and Apex until PyTorch grows past Apex's ceiling of 2^24.
+split_kj = int(np.argmax(keras != jmp))
+split_pa = int(np.argmax(pt != apex))
+print(f"Keras and jmp coincide until step {split_kj}, PyTorch and Apex until step {split_pa}")
+assert 22000 <= split_kj < 22030 and jmp[split_kj] == 1.0 and np.array_equal(keras[:split_kj], jmp[:split_kj])
+assert apex[split_pa] == 2.0**24 and np.array_equal(pt[:split_pa], apex[:split_pa])
 
 # %% [markdown]
 # ## Summary
 #
 # - Small gradients underflow in FP16 (here several percent of a trained MLP's weight
-#   gradients); multiplying the loss by $S = 2^k$ shifts them into range exactly, and the
-#   division happens in FP32 on the master gradients.
+#   gradients); multiplying the loss by $S = 2^k$ shifts most of them into range (the
+#   multiplication itself is exact), and the division happens in FP32 on the master gradients.
 # - A static scale must be guessed and overflows for ever if guessed too high. The dynamic
 #   scaler backs off on overflow, skips that step without touching any weight or moment, and
 #   grows again after a run of clean steps.

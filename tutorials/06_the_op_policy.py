@@ -9,12 +9,16 @@
 # You will learn:
 #
 # - the four rules of tinyamp's op policy ("lower", "lower_fp32_out", "fp32", "promote");
-# - what goes wrong in FP16 for exp and softmax, log and the loss, large sums, and layer
-#   norm, each shown on numbers, and that autocast gets finite, correct answers;
+# - what goes wrong in FP16 for exp and softmax, log and the loss, large sums, and a naively
+#   written layer norm, each shown on numbers, and that autocast gets finite, correct answers;
 # - how to override one entry of the table and see the effect;
 # - how to read the cast log of a forward pass, and why a weight used twice is cast once.
 #
-# Time: about 2 seconds to run, 15 minutes to read.
+# The products run on one BLAS thread (`threadpool_limits(1)` below): OpenBLAS splits the work of
+# a product differently for each thread count, so its float32 sums would round differently and
+# the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
+#
+# Time: about 3 seconds to run, 15 minutes to read.
 
 # %%
 import os
@@ -26,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import autograd, nn
@@ -36,6 +41,9 @@ from tinyamp.casting import Cast
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
+# One BLAS thread: with another thread count OpenBLAS splits each product's sums differently, and
+# the float32 results round differently (and on a busy machine, threads wait for each other).
+threadpool_limits(1)
 
 # The failures below are the lesson; NumPy's "overflow encountered" warnings would only repeat them.
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -57,8 +65,38 @@ F16 = formats.get_format("float16")
 print(format_policy())
 fp32_ops = sorted(op for op, rule in DEFAULT_POLICY.items() if rule == "fp32")
 print("\nkept in FP32:", ", ".join(fp32_ops))
-assert {"softmax", "log_softmax", "cross_entropy", "layer_norm", "sum", "mean", "exp", "log"} <= set(fp32_ops)
-assert DEFAULT_POLICY["matmul"] == DEFAULT_POLICY["linear"] == "lower"
+
+# The table is what autocast does: every row, run under autocast("float16"). A "lower" op gets
+# FP32 inputs and must give FP16; an "fp32" op gets FP16 inputs and must give FP32 (outside
+# autocast each of them would stay in FP16); a "promote" op mixes FP16 and FP32 and gives FP32.
+x16 = ta.tensor([[0.5, 1.0, 2.0], [1.5, 0.25, 3.0]], dtype="float16")
+x32 = x16.float()
+w32 = ta.tensor(np.full((4, 3), 0.5), dtype="float32")
+runs = {
+    "matmul": lambda: ta.matmul(x32, w32.T),
+    "linear": lambda: ta.linear(x32, w32),
+    "softmax": lambda: ta.softmax(x16),
+    "log_softmax": lambda: ta.log_softmax(x16),
+    "cross_entropy": lambda: ta.cross_entropy(x16, ta.tensor(np.array([0, 2]))),
+    "layer_norm": lambda: ta.layer_norm(x16),
+    "exp": lambda: ta.exp(x16),
+    "log": lambda: ta.log(x16),
+    "pow": lambda: x16**2,
+    "sum": lambda: x16.sum(),
+    "mean": lambda: x16.mean(),
+    "add": lambda: x16 + x32,
+    "sub": lambda: x16 - x32,
+    "mul": lambda: x16 * x32,
+    "div": lambda: x16 / x32,
+    "concatenate": lambda: ta.concatenate([x16, x32]),
+}
+with autocast("float16"):
+    produced = {op: run().dtype for op, run in runs.items()}
+rule_gives = {"lower": np.float16, "fp32": np.float32, "promote": np.float32}
+assert set(runs) == set(DEFAULT_POLICY)  # every row of the table is run
+assert all(produced[op] == rule_gives[rule] for op, rule in DEFAULT_POLICY.items()), produced
+assert ta.exp(x16).dtype == np.float16 and x16.sum().dtype == np.float16  # outside autocast: no rule applies
+print(f"all {len(runs)} rows checked against what autocast does")
 
 # %% [markdown]
 # Each entry below is tested the same way: the same FP16 input, once under the default policy
@@ -94,7 +132,7 @@ assert np.all(np.isfinite(p_policy.numpy())) and np.allclose(p_policy.numpy(), r
 
 # %% [markdown]
 # tinyamp's own `softmax` subtracts the row maximum first, $e^{z_i - m} / \sum_j e^{z_j - m}$:
-# mathematically the same, and every exponent is then at most $e^0 = 1$, so nothing
+# mathematically the same, and every exponential is then at most $e^0 = 1$, so nothing
 # overflows even in FP16. What remains is precision: FP16 keeps 11 significant bits, so the
 # probabilities carry errors of order $2^{-11}$ relative, where FP32 keeps 24 bits. The figure
 # sweeps the logit magnitude for a row of 1000 classes and measures the largest error of each
@@ -127,6 +165,9 @@ print(f"largest error, stable FP16 softmax: {np.nanmax(e16):.2e};  autocast (FP3
 assert np.all(np.isnan(e_naive[magnitudes > np.log(F16.max)]))  # every magnitude above 11.09 fails
 assert not np.isnan(e_naive[magnitudes < np.log(F16.max)]).any()  # and none below
 assert np.nanmax(e32) < 1e-6 and np.nanmax(e16) > 20 * np.nanmax(e32)
+below = magnitudes < np.log(F16.max)
+naive_over_stable = (e_naive / e16)[below]
+print(f"below 11.09, naive error / stable FP16 error: {naive_over_stable.min():.2f} to {naive_over_stable.max():.2f}")
 
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.semilogy(magnitudes, e_naive, "o-", ms=3, label="naive, exp in FP16")
@@ -150,36 +191,65 @@ fig.tight_layout()
 softmax_path = OUT / "06_softmax_error.png"
 fig.savefig(softmax_path, dpi=110)
 plt.close(fig)
-assert softmax_path.exists()
+
+# %% [markdown]
+# Below 11.09 the naive curve lies *under* the stable FP16 one. Not because the naive formula is
+# better: only its `exp` was lowered. Its sum (an "fp32" op) and its division (FP16 by FP32
+# promotes) run in FP32 and it returns FP32 probabilities, while the stable softmax lowered as
+# a whole rounds every intermediate to FP16: $z - m$, the exponentials, their sum and its output.
+# Round the naive output to FP16 as well, and its error is the same size as the stable one's:
+# the gap was mostly the precision of the output.
+
+# %%
+rounded_naive_error = []
+for m in magnitudes[below]:
+    z = ta.tensor(m * direction, dtype="float16")
+    zz = z.numpy().astype(np.float64)
+    ref = np.exp(zz - zz.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    with autocast("float16", policy={"exp": "lower"}):
+        naive = naive_softmax(z)
+    assert naive.dtype == np.float32  # sum and division ran in FP32
+    rounded_naive_error.append(np.abs(naive.numpy().astype(np.float16).astype(np.float64) - ref).max())
+ratio = np.array(rounded_naive_error) / e16[below]
+print(f"naive output rounded to FP16, its error / the stable FP16 error: {ratio.min():.2f} to {ratio.max():.2f}")
+assert np.all(e_naive[below] < e16[below])  # as drawn: the FP32 output is the more accurate ...
+assert np.all((0.5 < ratio) & (ratio < 1.5))  # ... and rounded to FP16 it is as far off as the stable one
 
 # %% [markdown]
 # ## 3. log, and the loss
 #
 # The cross-entropy of an example is $-\log p_y$. A confidently wrong prediction has a tiny
-# $p_y$: a logit gap of 20 gives $p_y = e^{-20} \approx 2 \times 10^{-9}$, below FP16's
-# smallest subnormal $6 \times 10^{-8}$. In FP16 that probability is 0 and its log is
-# $-\infty$: the loss is infinite and every gradient after it is NaN. Computed from the
-# log-softmax in FP32, as `cross_entropy` does under autocast, the loss is simply 20.
+# $p_y$: a logit gap of 20 gives $p_y \approx e^{-20} \approx 2 \times 10^{-9}$, far below
+# $2^{-25} \approx 3 \times 10^{-8}$, at or below which FP16 rounds to 0. So even the stable
+# softmax, computed in FP16 (where nothing overflows: its largest exponential is $e^0$), gives
+# $p_y = 0$, and its log is $-\infty$: the loss is infinite and every gradient of the logits is
+# NaN. (The naive softmax fails here too, by overflow rather than underflow: $e^{20}$ is inf in
+# FP16, and $p_y = 1/\infty = 0$.) Computed from the log-softmax in FP32, as `cross_entropy` does
+# under autocast, the loss is 20 (to six decimals).
 
 # %%
-wrong = ta.tensor([[20.0, 0.0, 0.0]], dtype="float16")  # the label is class 1
+wrong = ta.tensor([[20.0, 0.0, 0.0]], dtype="float16", requires_grad=True)  # the label is class 1
 label = ta.tensor([1])
 
-
-def naive_loss(z: ta.Tensor) -> ta.Tensor:
-    return -ta.log(naive_softmax(z)[0, 1])
-
-
+with autocast("float16", policy={"softmax": "lower", "log": "lower"}):
+    p_stable16 = ta.softmax(wrong)
+    loss16 = -ta.log(p_stable16[0, 1])
+loss16.backward()
 with autocast("float16", policy={"exp": "lower", "log": "lower", "sum": "lower"}):
-    loss16 = naive_loss(wrong)
+    exp16 = ta.exp(wrong)
+    loss_naive16 = -ta.log(naive_softmax(wrong)[0, 1])
 with autocast("float16"):
-    loss_naive32 = naive_loss(wrong)
+    loss_naive32 = -ta.log(naive_softmax(wrong)[0, 1])
     loss_ce = ta.cross_entropy(wrong, label)
 exact = 20.0 + np.log1p(2 * np.exp(-20.0))
-print(f"naive -log softmax, all in FP16: {loss16.item()}")
+print(f"stable softmax in FP16: p = {p_stable16.numpy()}, -log p_y = {loss16.item()}, logit gradient {wrong.grad}")
+print(f"naive softmax in FP16:  e^z = {exp16.numpy()}, -log p_y = {loss_naive16.item()}")
 print(f"naive -log softmax, autocast:    {loss_naive32.item():.6f} ({loss_naive32.dtype})")
 print(f"cross_entropy, autocast:         {loss_ce.item():.6f} ({loss_ce.dtype}); exact {exact:.6f}")
-assert np.isinf(loss16.item())
+assert formats.round_to(np.exp(-20.0)) == 0 and np.all(np.isfinite(p_stable16.numpy()))  # underflow, no overflow
+assert p_stable16.numpy()[0, 1] == 0 and np.isinf(loss16.item()) and np.all(np.isnan(wrong.grad))
+assert np.isinf(exp16.numpy()[0, 0]) and np.isinf(loss_naive16.item())  # the naive one: e^20 overflows
 assert abs(loss_ce.item() - exact) < 1e-5 and loss_ce.dtype == np.float32
 
 # %% [markdown]
@@ -214,16 +284,34 @@ assert np.isinf(s_lowered.item()) and s_lowered.dtype == np.float16
 # ## 5. Layer norm
 #
 # Layer norm divides by the standard deviation of each row, and the variance is a mean of
-# squares $(x - \mu)^2$. An activation 256 away from its row mean squares to 65536, past
-# FP16's maximum: the variance becomes inf, $1/\sqrt{\mathrm{var}}$ becomes 0, and the
-# output is a row of zeros. No NaN, no error: a silently dead layer. Large activations do
-# occur: the residual stream of a deep transformer grows with depth, and large language models
-# develop outlier features many times larger than the rest (Dettmers et al. 2022). Hence layer
-# norm is on the FP32 side of the table.
+# squares $(x - \mu)^2$. Written naively in FP16, each square rounded to FP16 (what tinyamp's
+# `layer_norm` computes when its entry is overridden to "lower"), an activation 256 away from
+# its row mean squares to 65536, past FP16's maximum: the variance becomes inf,
+# $1/\sqrt{\mathrm{var}}$ becomes 0, and the output is a row of zeros. No NaN, no error: a
+# silently dead layer.
+#
+# That is the naive formula's fault, not FP16 inputs' as such. A careful FP16 kernel computes
+# the mean and the variance in FP32 and rounds only its output to FP16; PyTorch's FP16
+# `layer_norm` kernels accumulate in float32 this way, and get the same input right. We compute
+# such a kernel in NumPy next to the two others. Autocast keeps layer norm in FP32 anyway, as
+# PyTorch's autocast does (it lists `layer_norm` among the ops it runs in float32): the result
+# then does not depend on how carefully a kernel was written, and the normalized output keeps
+# FP32's 24 significant bits instead of 11. Large activations do occur: the residual stream of a
+# deep transformer grows with depth, and large language models develop outlier features many
+# times larger than the rest (Dettmers et al. 2022).
+
 
 # %%
+def careful_fp16_layer_norm(x16: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """FP16 in, FP16 out; the mean and variance accumulated in FP32, as PyTorch's FP16 kernels do."""
+    x = x16.astype(np.float32)
+    centered = x - x.mean(-1, keepdims=True)
+    var = (centered * centered).mean(-1, keepdims=True)
+    return (centered / np.sqrt(var + np.float32(eps))).astype(np.float16)
+
+
 spreads = np.logspace(0, 3, 31)
-ln_err16, ln_err32 = [], []
+ln_err16, ln_err32, ln_err_careful, half_ulp, farthest = [], [], [], [], []
 act_rng = np.random.default_rng(1)
 for s in spreads:
     h = ta.tensor(act_rng.standard_normal((16, 256)) * s, dtype="float16")
@@ -235,7 +323,11 @@ for s in spreads:
         y32 = ta.layer_norm(h).numpy().astype(np.float64)
     ln_err16.append(np.abs(y16 - ref).max())
     ln_err32.append(np.abs(y32 - ref).max())
-ln_err16, ln_err32 = np.array(ln_err16), np.array(ln_err32)
+    ln_err_careful.append(np.abs(careful_fp16_layer_norm(h.numpy()).astype(np.float64) - ref).max())
+    half_ulp.append(formats.ulp(np.abs(ref).max()) / 2)  # the rounding of the largest output to FP16
+    farthest.append(np.abs(hh - hh.mean(-1, keepdims=True)).max())
+ln_err16, ln_err32, ln_err_careful = np.array(ln_err16), np.array(ln_err32), np.array(ln_err_careful)
+farthest = np.array(farthest)
 
 h = ta.tensor(np.random.default_rng(2).standard_normal((2, 256)) * 300, dtype="float16")
 with autocast("float16", policy={"layer_norm": "lower"}):
@@ -244,16 +336,30 @@ with autocast("float16"):
     alive = ta.layer_norm(h)
 print(f"activations of spread 300, layer norm in FP16: output range [{dead.numpy().min()}, {dead.numpy().max()}]")
 print(f"the same under autocast (FP32): std of each row {np.round(alive.numpy().std(-1), 4)}")
-print(f"largest error over the sweep: FP16 {ln_err16.max():.2f}, FP32 {ln_err32.max():.2e}")
+careful = careful_fp16_layer_norm(h.numpy()).astype(np.float64)
+print(f"the same in a careful FP16 kernel (statistics in FP32): std of each row {np.round(careful.std(-1), 4)}")
+print(
+    f"largest error over the sweep: naive FP16 {ln_err16.max():.2f}, careful FP16 {ln_err_careful.max():.2e}, "
+    f"FP32 {ln_err32.max():.2e}"
+)
 assert np.all(dead.numpy() == 0) and np.allclose(alive.numpy().std(-1), 1.0, atol=1e-3)
+assert np.allclose(careful.std(-1), 1.0, atol=1e-3)
 assert np.all(ln_err32 < 1e-5)
-assert np.all(ln_err16[spreads > 128] > 1.0) and np.all(ln_err16[spreads < 32] < 0.05)
+# the careful kernel's error is the rounding of its output: half an FP16 ulp (plus FP32's ~1e-7)
+assert np.all(ln_err_careful <= np.array(half_ulp) + 1e-6)
+# the naive one fails at exactly the spreads whose sample has an activation 256 or more from its row mean
+# (no sample here lies within a few units of 256, where FP16's own rounding of x - mean would decide)
+assert np.all(np.abs(farthest - 256) > 4)
+assert np.array_equal(ln_err16 > 1.0, farthest >= 256) and np.all(ln_err16[farthest < 256] < 0.05)
+first_dead = spreads[np.argmax(farthest >= 256)]
+print(f"first spread of the sweep with an activation 256 from its mean: {first_dead:.0f}")
 
 fig, ax = plt.subplots(figsize=(7, 4))
-ax.loglog(spreads, ln_err16, "s-", ms=3, label="layer norm in FP16 (policy override)")
+ax.loglog(spreads, ln_err16, "s-", ms=3, label="naive FP16 layer norm (policy override)")
+ax.loglog(spreads, ln_err_careful, "o-", ms=3, label="careful FP16 kernel: statistics in FP32")
 ax.loglog(spreads, ln_err32, "^-", ms=3, label="autocast default: layer norm in FP32")
-ax.axvline(256 / 4, color="gray", ls=":", lw=1)
-ax.text(256 / 4 * 1.1, 1e-3, "4 std = 256:\nsome (x - mean)^2 > 65504", fontsize=8)
+ax.axvline(first_dead, color="gray", ls=":", lw=1)
+ax.text(first_dead * 1.1, 1e-2, "from here some |x - mean| >= 256:\n(x - mean)^2 > 65504 in FP16", fontsize=8)
 ax.set_xlabel("standard deviation of the activations")
 ax.set_ylabel("max |y - y_float64|")
 ax.set_title("Layer norm of 16 rows of 256 activations", fontsize=9)
@@ -263,7 +369,6 @@ fig.tight_layout()
 ln_path = OUT / "06_layer_norm_error.png"
 fig.savefig(ln_path, dpi=110)
 plt.close(fig)
-assert ln_path.exists()
 
 # %% [markdown]
 # ## 6. The cast log of a forward pass
@@ -271,7 +376,7 @@ assert ln_path.exists()
 # `autocast(log_casts=True)` records every cast it makes: which op asked, from which dtype to
 # which, the shape, and whether the copy came from the block's cache. Here is one forward pass
 # of a small network with FP32 parameters (PyTorch's usual setting; tutorial 4 keeps FP16
-# weights with FP32 masters instead, and then the linear layers need no cast at all).
+# weights with FP32 masters instead, and then the linear layers' weights need no cast).
 
 # %%
 ta.manual_seed(0)
@@ -301,6 +406,7 @@ assert loss.dtype == np.float32
 # effect directly, and the output dtype of layer norm changes with it.
 
 # %%
+table_before = dict(DEFAULT_POLICY)
 with autocast("float16", policy={"layer_norm": "lower"}, log_casts=True) as ac_low:
     ln_out = net[1](net[0](xb))
 print(ac_low.format_cast_log())
@@ -310,7 +416,7 @@ print(f"layer norm output: {ln_out.dtype} with the override, {ln_default.dtype} 
 ln_casts = [r for r in ac_low.cast_log if r.op == "layer_norm"]
 assert ln_out.dtype == np.float16 and ln_default.dtype == np.float32
 assert ln_casts and all(r.to_dtype == "float16" for r in ln_casts)  # its FP32 weight and bias go down
-assert DEFAULT_POLICY["layer_norm"] == "fp32"  # the override lived in that block only
+assert DEFAULT_POLICY == table_before  # the override lived in that block only: the table is unchanged
 
 # %% [markdown]
 # ## 8. A weight used twice is cast once
@@ -318,8 +424,9 @@ assert DEFAULT_POLICY["layer_norm"] == "fp32"  # the override lived in that bloc
 # Within one autocast block, each parameter is cast once and the copy is reused by every op
 # that reads it. A layer applied twice (weight tying, a recurrent cell, a shared block) thus
 # costs one cast, not two, and its two gradients meet at the single Cast node: they are summed
-# there in FP16 and widened to FP32 once. The cache belongs to the block; the next forward
-# (the next block, after the weights were updated) casts again.
+# there into one FP16 gradient (added in FP32 and rounded once) and widened to FP32 once. The
+# cache belongs to the block; the next forward (the next block, after the weights were
+# updated) casts again.
 
 # %%
 ta.manual_seed(1)
@@ -349,10 +456,10 @@ print(f"the shared weight's gradient arrives as {shared.weight.grad.dtype}, shap
 #
 # - Products go to FP16 because their FP16 inputs multiply exactly and the sum is kept in
 #   FP32. Everything whose range or accumulation matters stays in FP32.
-# - exp overflows above 11.09 (naive softmax gives NaN); the log of a probability below
-#   $6 \times 10^{-8}$ is $-\infty$ (an infinite loss); sums pass 65504 or stall at 2048 in an
-#   FP16 accumulator; layer norm's variance overflows once an activation is 256 from its
-#   mean, and the layer outputs zeros.
+# - exp overflows above 11.09 (naive softmax gives NaN); a probability at or below
+#   $2^{-25} \approx 3 \times 10^{-8}$ is 0 in FP16 and its log is $-\infty$ (an infinite loss);
+#   sums pass 65504 or stall at 2048 in an FP16 accumulator; a naive FP16 layer norm's variance
+#   overflows once an activation is 256 from its mean, and the layer outputs zeros.
 # - The policy is data: print it, override a row per block, read the cast log.
 # - Each parameter is cast once per block, however often it is used.
 #

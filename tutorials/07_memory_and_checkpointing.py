@@ -4,20 +4,26 @@
 # Training memory has two parts. What is *held* between steps: weights, FP32 master copies,
 # optimizer moments, gradients. And what a forward pass *saves* for its backward: the
 # activations, which grow with the batch size and the depth and usually dominate. Mixed
-# precision halves the second part and, perhaps surprisingly, enlarges the first. Gradient
-# (activation) checkpointing then trades compute for the rest of the activation memory.
+# precision halves the second part and, perhaps surprisingly, does not shrink the first: in the
+# standard accounting it holds as many bytes per parameter as FP32. Gradient (activation)
+# checkpointing then trades compute for the rest of the activation memory.
 #
 # You will learn:
 #
 # - to list, byte by byte, what a graph keeps for backward (`tinyamp.inspect.saved_tensors`),
 #   and why an MLP under autocast keeps exactly half;
-# - to itemize the memory held by role and dtype (`training_memory`), and why mixed
-#   precision holds more bytes per parameter than FP32;
+# - to itemize the memory held by role and dtype (`training_memory`), the standard accounting
+#   (16 bytes per parameter with Adam, in FP32 and in mixed precision alike), and where
+#   tinyamp's CPU path holds more;
 # - how checkpointing (`tinyamp.checkpoint_sequential`) keeps only segment inputs and replays
 #   the segments in backward: a measured peak (`peak_memory`) that grows like the square root
 #   of the depth, one extra forward pass, and bit-identical gradients.
 #
-# Time: about 3 seconds to run, 15 minutes to read.
+# The products run on one BLAS thread (`threadpool_limits(1)` below): OpenBLAS splits the work of
+# a product differently for each thread count, so its float32 sums would round differently and
+# the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
+#
+# Time: about 4 seconds to run, 15 minutes to read.
 
 # %%
 import math
@@ -30,6 +36,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import autograd, nn, optim
@@ -41,6 +48,9 @@ from tinyamp.ops.matmul import Linear as LinearOp
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
+# One BLAS thread: with another thread count OpenBLAS splits each product's sums differently, and
+# the float32 results round differently (and on a busy machine, threads wait for each other).
+threadpool_limits(1)
 
 # %% [markdown]
 # ## 1. What the graph saves, row by row
@@ -133,14 +143,38 @@ print(f"\n{n_params:,} parameters: {per_param32:g} bytes each in FP32, {per_para
 assert held16["parameters"]["float16"] * 2 == held32["parameters"]["float32"]
 assert held16["master weights"]["float32"] == held32["parameters"]["float32"]
 assert held16["optimizer state"] == held32["optimizer state"]  # Adam's moments are FP32 either way
-assert per_param32 == 16 and per_param16 == 20  # 4+8+4 against 2+4+8+2+4
+
+# The standard accounting (ZeRO, Rajbhandari et al. 2020) counts the FP16 weights and gradients
+# and the FP32 masters and moments: 2 + 2 + 12 = 16 bytes, as in FP32 (4 + 4 + 8). tinyamp's CPU
+# path also keeps each gradient widened to FP32 on its master (unscaling and the update read it
+# there): 4 bytes more.
+fp32_gradient_copy = held16["gradients"]["float32"] / n_params
+standard16 = per_param16 - fp32_gradient_copy
+print(f"standard accounting: {standard16:g} bytes each in mixed precision, + {fp32_gradient_copy:g} for the FP32 copy")
+assert per_param32 == 16 and standard16 == 16 and fp32_gradient_copy == 4 and per_param16 == 20
+
+# free_model_grads=True drops each FP16 gradient once it is widened: 2 bytes less held.
+mlp_free = nn.MLP(sizes)
+mlp_free.load_state_dict(mlp32.state_dict())
+mlp_free.half()
+adam_free = MasterWeights(optim.Adam(mlp_free.named_parameters(), lr=1e-3), free_model_grads=True)
+one_step(mlp_free, adam_free, LossScaler())
+per_param_free = sum(n for by in training_memory(mlp_free, adam_free).values() for n in by.values()) / n_params
+print(f"with free_model_grads=True: {per_param_free:g} bytes each")
+assert per_param_free == 18
 
 # %% [markdown]
-# Per parameter, FP32 training with Adam holds 16 bytes (weight 4, two moments 8, gradient 4);
-# mixed precision holds 20 (FP16 weight 2, FP32 master 4, moments 8, FP16 gradient 2 and its
-# FP32 copy 4). Mixed precision does not save weight memory; Micikevicius et al. (2018) make
-# the same point. What it saves is activation memory, and the bandwidth and time of the
-# products that read it, and those grow with batch and depth.
+# Per parameter, FP32 training with Adam holds 16 bytes (weight 4, gradient 4, two moments 8).
+# Mixed precision, in the standard accounting of ZeRO (Rajbhandari et al. 2020), holds 16 too:
+# FP16 weight 2, FP16 gradient 2, and 12 in FP32 for the master copy and the two moments.
+# tinyamp's CPU path holds 20: it also keeps each gradient widened to FP32 on its master, where
+# the loss scaler unscales it and the optimizer reads it (on a GPU, the fused kernels of
+# `tinyamp/cuda/scaler_step.py` read the FP16 gradient directly and store no FP32 copy). With
+# `free_model_grads=True` it drops the FP16 gradient instead, for 18. Either way mixed precision
+# does not save memory per parameter; Micikevicius et al. (2018) make the same point: the FP32
+# master copy makes the weights 50% larger, while activations dominate training memory. What
+# mixed precision saves is activation memory, and the bandwidth and time of the products that
+# read it, and those grow with batch and depth.
 #
 # ## 3. Checkpointing: keep less, compute again
 #
@@ -231,8 +265,9 @@ assert peak_ckpt * 2 < peak_plain  # the measured peak of the whole step falls a
 # %% [markdown]
 # The peak falls less than the saved bytes: a step also holds things no checkpoint removes
 # (the FP32 master gradients, the FP32 widened operands of the emulated FP16 products, one
-# segment's activations during its replay). The time goes up by about one forward pass,
-# which we can count exactly: the number of Linear forwards in one training step.
+# segment's activations during its replay). The extra work is one more forward pass of the
+# blocks, which we can count exactly: the number of Linear forwards in one training step. (The
+# time ratio printed with it is measured, and moves with the load of the machine.)
 
 
 # %%
@@ -308,10 +343,23 @@ assert np.all(pmix[1:] < p32[1:]) and np.all(pck[1:] < pmix[1:])
 assert 0.4 < slope_mix / slope32 < 0.6  # FP16 activations: half the bytes per block
 assert (pck[-1] - pck[0]) < 0.4 * (pmix[-1] - pmix[0])  # checkpointing: far slower growth
 
+# Which law the checkpointed peaks follow: least-squares lines in sqrt(depth) and in depth, and
+# the largest distance of a measured peak from each. Without checkpointing, a line in depth.
+fit_sqrt = np.polyfit(np.sqrt(depths), pck, 1)
+off_sqrt = np.abs(np.polyval(fit_sqrt, np.sqrt(depths)) - pck).max()
+off_line = np.abs(np.polyval(np.polyfit(depths, pck, 1), depths) - pck).max()
+off_mix = np.abs(np.polyval(np.polyfit(depths, pmix, 1), depths) - pmix).max()
+print(
+    f"mixed+checkpoint: peaks within {off_sqrt * 1e3:.0f} KB of a line in sqrt(depth), {off_line * 1e3:.0f} KB of "
+    f"a line in depth; mixed: within {off_mix * 1e3:.0f} KB of a line in depth"
+)
+assert off_sqrt < off_line / 3 and off_sqrt < 0.02 * pck[-1]  # square-root growth fits; linear does not
+assert off_mix < 0.02 * pmix[-1]  # without checkpointing: linear
+
 fig, ax = plt.subplots(figsize=(6.5, 4))
 for regime in regimes:
     ax.plot(depths, peaks_mb[regime], marker="o", label=regime)
-ax.plot(depths, pck[0] + (pck[1] - pck[0]) * (np.sqrt(depths) - 2) / (3 - 2), "k:", lw=1, label="~ sqrt(depth)")
+ax.plot(depths, np.polyval(fit_sqrt, np.sqrt(depths)), "k:", lw=1, label="a + b sqrt(depth), fitted")
 ax.set_xlabel("depth (Linear + ReLU blocks)")
 ax.set_ylabel("peak memory of one training step (MB, measured)")
 ax.set_title(f"Width {WIDTH}, batch {DEEP_BATCH}; checkpoint every round(sqrt(depth)) blocks", fontsize=9)
@@ -321,19 +369,21 @@ fig.tight_layout()
 depth_path = OUT / "07_peak_memory_by_depth.png"
 fig.savefig(depth_path, dpi=110)
 plt.close(fig)
-assert depth_path.exists()
 
 # %% [markdown]
 # Without checkpointing the peak grows linearly with depth, and the mixed-precision line grows
 # half as fast as the FP32 one: each block saves FP16 activations. With checkpointing it
-# grows roughly like $\sqrt{\text{depth}}$: more segment inputs, but shorter segments to replay.
+# grows like $\sqrt{\text{depth}}$ (the measured peaks lie on the fitted dotted line): with
+# $k = \sqrt{n}$ both the number of segment inputs kept, $n/k$, and the length of the segment
+# replayed, $k$, grow like $\sqrt{n}$.
 #
 # ## Summary
 #
 # - `saved_tensors` lists every array a graph keeps; under autocast an MLP's graph keeps
 #   exactly half the bytes of the FP32 one.
-# - Mixed precision holds *more* bytes per parameter (20 against 16 with Adam): its saving is
-#   in the activations, which grow with batch and depth.
+# - Mixed precision holds no fewer bytes per parameter: 16 with Adam in the standard
+#   accounting, as in FP32 (20 in tinyamp's CPU path, which keeps an FP32 gradient copy). Its
+#   saving is in the activations, which grow with batch and depth.
 # - Checkpointing keeps only segment inputs and replays each segment in backward: one extra
 #   forward pass, a peak that grows like the square root of the depth, and gradients that are
 #   the same bits.

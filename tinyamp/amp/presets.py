@@ -153,8 +153,9 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
             ),
             ScalerPreset(
                 "jmp",
-                "jmp.DynamicLossScale (DeepMind): float32 scale 2^15, max(min_loss_scale=1, scale/factor=2) on "
-                "overflow, x2 after period=2000 clean steps unless the result is not finite; "
+                "jmp.DynamicLossScale (DeepMind): float32 scale, no default (2^15 here, the example in jmp's docs); "
+                "max(min_loss_scale=1, scale/factor=2) on overflow, x2 after period=2000 clean steps unless the result "
+                "is not finite; "
                 "min_loss_scale is used as its nearest float32 (0: no floor), and a start below it runs "
                 "until the first overflow",
                 dict(
