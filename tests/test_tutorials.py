@@ -49,27 +49,63 @@ PEAKS_OF_THE_ENGINE_ROOM = pytest.mark.skipif(
 )
 
 
+def notebook_tools_available() -> bool:
+    """jupytext, nbclient and ipykernel (the `tutorials` and `test` extras) run a tutorial as a notebook."""
+    try:
+        import ipykernel  # noqa: F401
+        import jupytext  # noqa: F401
+        import nbclient  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=PEAKS_OF_THE_ENGINE_ROOM) if n.startswith("07") else n for n in NAMES]
 )
-def test_the_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path) -> None:
-    # One BLAS thread: the tutorials' matrices are small, and OpenBLAS threads spinning against
-    # another busy process on a 2-core machine made a 5-second tutorial take a minute.
-    env = dict(os.environ, TINYAMP_TUTORIAL_OUT=str(tmp_path), MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1")
+def test_the_tutorial_runs_and_writes_its_figures(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a notebook, cell by cell in a Jupyter kernel, where the notebook tools are installed (CI
+    installs them); as a script otherwise.  Each tutorial bounds its BLAS threads itself."""
+    env = dict(os.environ, TINYAMP_TUTORIAL_OUT=str(tmp_path), MPLBACKEND="Agg")
     # As tests/conftest.py does for the tests: find tinyamp even without `pip install -e .`.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tutorials" / name)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    assert proc.returncode == 0, f"{name} exited with status {proc.returncode}; end of stderr:\n{proc.stderr[-4000:]}"
+    if notebook_tools_available():
+        images = run_as_notebook(ROOT / "tutorials" / name, env, monkeypatch)
+    else:
+        env.pop("MPLBACKEND")  # a script chooses Agg itself where there is no display
+        proc = subprocess.run([sys.executable, str(ROOT / "tutorials" / name)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+        assert proc.returncode == 0, f"{name} exited with status {proc.returncode}:\n{proc.stderr[-4000:]}"
+        images = None
     figures = sorted(p.name for p in tmp_path.glob(f"{name[:2]}*.png"))
     written = sorted(p.name for p in tmp_path.iterdir())
     assert figures, f"{name} wrote no PNG starting with {name[:2]!r} to TINYAMP_TUTORIAL_OUT; it wrote {written}"
+    if images is not None:  # every figure it saves is also drawn in the notebook, under its cell
+        assert images >= len(figures), f"{name}: {len(figures)} figures saved, {images} drawn inline"
+
+
+def run_as_notebook(path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """Execute the tutorial as a notebook (jupytext + nbclient); return how many images its cells drew."""
+    import jupytext
+    import nbclient
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
+    monkeypatch.delenv("MPLBACKEND")  # the kernel's own inline backend draws the figures
+    notebook = jupytext.read(path)
+    client = nbclient.NotebookClient(notebook, timeout=TIMEOUT_S, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        pytest.fail(f"{path.name}, run as a notebook, failed in a cell:\n{str(exc)[-4000:]}")
+    return sum(
+        "image/png" in output.get("data", {})
+        for cell in notebook.cells if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -25,9 +25,6 @@
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -388,7 +385,6 @@ ax_sum.legend(fontsize=8)
 fig.tight_layout()
 path = OUT / "01_ulp_and_stalled_sum.png"
 fig.savefig(path, dpi=110)
-plt.close(fig)
 print("wrote", path.name)
 
 # The ruler, read off the plotted staircases: over FP16's normal range FP32's ulp is 2^13 times

@@ -22,9 +22,6 @@ import inspect
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -166,7 +163,6 @@ ax.set_title("The graph of L = sum(tanh(x * w + b)^2): forward left to right, ba
 fig.tight_layout()
 graph_path = OUT / "02_graph.png"
 fig.savefig(graph_path, dpi=110)
-plt.close(fig)
 # What the drawing claims: one box per node and per leaf (x, w, b) plus L, and forward runs left
 # to right, so every arrow, from an input to the node that reads it, points right.
 assert len([t for t in ax.texts if t.get_text()]) == len(order) + 3 + 1  # arrows are texts without text
@@ -379,7 +375,6 @@ ax.legend(fontsize=8)
 fig.tight_layout()
 v_path = OUT / "02_finite_difference_error.png"
 fig.savefig(v_path, dpi=110)
-plt.close(fig)
 # The claims of the next paragraph, on the measured curves: each stays under its dotted model at
 # every h, tanh'''(0.5) is about -0.57, and float32's best error is about six decades above float64's.
 for name in errors:

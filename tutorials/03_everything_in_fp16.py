@@ -31,9 +31,6 @@ import copy
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -332,7 +329,6 @@ ax.legend(fontsize=8)
 fig.tight_layout()
 hist_path = OUT / "03_gradient_histogram.png"
 fig.savefig(hist_path, dpi=110)
-plt.close(fig)
 below = float(np.mean(np.abs(nonzero) <= 2.0**-25))
 print(f"{below:.1%} of the nonzero FP32 activation gradients are at or below 2^-25")
 counts, _ = np.histogram(log2_grad, bins=bins)
@@ -414,7 +410,6 @@ ax_lost.legend(loc="upper left")
 fig.tight_layout()
 curves_path = OUT / "03_loss_and_lost_updates.png"
 fig.savefig(curves_path, dpi=110)
-plt.close(fig)
 # What the upper panel shows: while most updates still count, the smoothed FP16 curve wanders a
 # few percent either side of FP32's (the runs see the same batches, but their weights already
 # differ by FP16's rounding), with no lean either way; over the last fifth it lies above.

@@ -28,9 +28,6 @@ import contextlib
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -155,7 +152,6 @@ ax.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
 rule_path = OUT / "04_lost_update_threshold.png"
 fig.savefig(rule_path, dpi=110)
-plt.close(fig)
 # What the figure shows: the two curves coincide except at the powers of two (1 and 2 here),
 # where the update toward zero needs 4096; and the binade [2, 4) repeats [1, 2) exactly.
 powers = np.log2(weights) == np.round(np.log2(weights))
@@ -276,6 +272,29 @@ assert 0.2 < opt.lost_update_fraction < 0.5  # about a third, at the full learni
 # rate, about a third of the updates are too small for FP16. (The model, optimizer and one step
 # we just took are only a demonstration; the training below starts afresh.)
 #
+# The whole step as a picture, in the manner of Figure 1 of Micikevicius et al. (2018):
+# `record_step` runs one real step with a loss scaler and measures the dtype and bytes at each
+# stage, and `draw_step_record` draws them; nothing on it is typed in.
+
+# %%
+from tinyamp.amp import LossScaler
+from tinyamp.inspect import draw_step_record, record_step
+
+
+def step_loss() -> ta.Tensor:
+    with autocast("float16"):
+        return task.loss(model, batch)
+
+
+step = record_step(model, step_loss, opt, LossScaler())
+fig = draw_step_record(step)
+fig.savefig(OUT / "04_one_step.png", dpi=110)
+print(step.gradients, "->", step.unscaled)
+assert step.unscaled == {"float32": 2 * step.gradients["float16"]}  # each FP16 gradient widened: twice the bytes
+assert step.rounded == step.weights  # the FP16 weights are rewritten in place: same dtype, same bytes
+fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
+
+# %% [markdown]
 # ## 4. Training: FP32, FP16, and FP16 with master weights
 #
 # Three runs from the same initial weights on the same batches: FP32; FP16 weights updated in
@@ -371,7 +390,6 @@ ax_lost.legend(loc="upper left", fontsize=8)
 fig.tight_layout()
 curves_path = OUT / "04_master_weights_training.png"
 fig.savefig(curves_path, dpi=110)
-plt.close(fig)
 assert curves_path.exists()
 
 # %% [markdown]

@@ -26,9 +26,6 @@
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -154,7 +151,6 @@ ax.legend(fontsize=7)
 fig.tight_layout()
 hist_path = OUT / "05_gradient_histogram.png"
 fig.savefig(hist_path, dpi=110)
-plt.close(fig)
 red_before, red_after = np.mean(log2g <= -25), np.mean(log2g + 16 <= -25)
 print(
     f"FP32 values in the red band: {red_before:.3%} before the shift, {red_after:.3%} after "
@@ -347,6 +343,29 @@ assert "hit_ceiling" in h["event"] and "hit_floor" in h["event"]
 assert {"steady", "backed_off", "at_floor", "at_ceiling"} <= set(h["state"])
 
 # %% [markdown]
+# The same machine as a picture. It is not drawn from a table typed in: tinyamp runs the rule
+# itself (`ScaleRule.next`) from a fresh scaler's start, one clean and one overflowed step at a
+# time from every situation it reaches, and draws each transition it finds, so the picture
+# cannot drift from the code. Red arrows are overflowed steps, green ones clean steps.
+
+# %%
+from tinyamp.inspect import draw_scaler_states, scaler_state_machine
+
+machine = scaler_state_machine(hand)
+arrows = {(t.state, t.event, t.next_state) for t in machine.transitions}
+for state, event, next_state in sorted(arrows):
+    print(f"{state:>10} --{event}--> {next_state}")
+fig = draw_scaler_states(hand)
+fig.savefig(OUT / "05_scaler_states.png", dpi=110)
+# every transition the hand-driven run above made is an arrow of the picture
+states = [machine.start] + [e.state for e in hand.history]
+made = {(states[i], e.event, states[i + 1]) for i, e in enumerate(hand.history)}
+assert machine.complete and made <= arrows, made - arrows
+# and PyTorch's rule, which has no floor, never enters at_floor, while jmp's (floor 1) does
+assert "at_floor" not in scaler_state_machine("pytorch").states and "at_floor" in scaler_state_machine("jmp").states
+fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
+
+# %% [markdown]
 # ## 4. A real run: the sawtooth
 #
 # Now the scaler drives a training run of the MLP in mixed precision (FP16 weights, FP32
@@ -399,7 +418,6 @@ axes[1].set_xlabel("step")
 fig.tight_layout()
 trajectory_path = OUT / "05_scale_trajectory.png"
 fig.savefig(trajectory_path, dpi=110)
-plt.close(fig)
 # What the lower panel shows: every growth comes after 20 clean steps in a row; the scale first
 # falls to its lowest value, then, as the gradients shrink, the scale that fits them rises.
 grew_at = [i for i, e in enumerate(run["event"]) if e == "grew"]
@@ -488,7 +506,6 @@ ax.legend(fontsize=7, ncol=3)
 fig.tight_layout()
 presets_path = OUT / "05_presets.png"
 fig.savefig(presets_path, dpi=110)
-plt.close(fig)
 # Curves drawn on top of each other: Keras and jmp until the burst of overflows takes Keras below
 # jmp's floor of 1; PyTorch and Apex until PyTorch grows past Apex's ceiling of 2^24.
 split_kj = int(np.argmax(keras != jmp))

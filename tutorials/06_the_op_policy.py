@@ -25,9 +25,6 @@ import os
 import warnings
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -190,7 +187,6 @@ ax.legend(fontsize=7, loc="lower right")
 fig.tight_layout()
 softmax_path = OUT / "06_softmax_error.png"
 fig.savefig(softmax_path, dpi=110)
-plt.close(fig)
 
 # %% [markdown]
 # Below 11.09 the naive curve lies *under* the stable FP16 one. Not because the naive formula is
@@ -368,7 +364,6 @@ ax.legend(fontsize=7)
 fig.tight_layout()
 ln_path = OUT / "06_layer_norm_error.png"
 fig.savefig(ln_path, dpi=110)
-plt.close(fig)
 
 # %% [markdown]
 # ## 6. The cast log of a forward pass
@@ -393,6 +388,22 @@ to32 = {(r.op, r.shape) for r in ac.cast_log if r.to_dtype == "float32"}
 assert ("linear", (32, 16)) in to16 and ("linear", (10, 32)) in to16  # weights go down to FP16 ...
 assert ("layer_norm", (4, 32)) in to32 and ("cross_entropy", (4, 10)) in to32  # ... sensitive ops back up
 assert loss.dtype == np.float32
+
+# %% [markdown]
+# The same forward pass as a picture of its graph (`tinyamp.inspect.draw_graph`): one box per op
+# and per leaf, each with the shape and dtype it produces (FP16 red, FP32 blue), and the casts
+# autocast inserted drawn with a thick border. `to_dot` writes the same graph for Graphviz.
+
+# %%
+from tinyamp.inspect import draw_graph, to_dot
+
+fig = draw_graph(loss, net)  # before backward(), which frees the graph as it goes
+fig.savefig(OUT / "06_graph.png", dpi=110)
+dot = to_dot(loss, net)
+made = [r for r in ac.cast_log if not r.cached]
+# every cast autocast made is a box of the picture: a Cast op, or the copy of a tensor that needs no gradient
+assert dot.count("Cast (autocast)") + dot.count("autocast copy") == len(made)
+fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
 
 # %% [markdown]
 # Read the log top to bottom: the first linear casts its input, weight and bias to FP16; layer

@@ -31,9 +31,6 @@ import os
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -368,7 +365,6 @@ ax.legend(fontsize=8)
 fig.tight_layout()
 depth_path = OUT / "07_peak_memory_by_depth.png"
 fig.savefig(depth_path, dpi=110)
-plt.close(fig)
 
 # %% [markdown]
 # Without checkpointing the peak grows linearly with depth, and the mixed-precision line grows

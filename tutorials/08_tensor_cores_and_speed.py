@@ -34,9 +34,6 @@ import os
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -205,7 +202,6 @@ ax.legend(fontsize=7)
 fig.tight_layout()
 error_path = OUT / "08_dot_product_error.png"
 fig.savefig(error_path, dpi=110)
-plt.close(fig)
 
 # %% [markdown]
 # The FP16 accumulator's error grows with the length, to several percent at 4096 terms; the
@@ -367,7 +363,6 @@ else:
     speed_path = OUT / "08_cpu_matmul_times.png"
 
 fig.savefig(speed_path, dpi=110)
-plt.close(fig)
 
 # %% [markdown]
 # On a CPU, mixed precision buys correctness lessons, not speed. The emulated FP16 product is
