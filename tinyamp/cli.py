@@ -594,6 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--extend", action="store_true", help="with --resume and --steps: continue a run to a new "
                    "total (the schedule is recomputed, so the result differs from a straight run)")  # fmt: skip
     t.add_argument("--quiet", action="store_true", help="no progress bar, only the result table")
+    t.add_argument("--distributed", action="store_true", help="data-parallel on the ranks `mpiexec -n N` starts "
+                   "(MPI; NCCL with --device cuda); needs pip install -e '.[mpi]'")  # fmt: skip
+    t.add_argument("--reduce-dtype", choices=("float32", "float16", "float16-predivide"), help="with --distributed: "
+                   "the dtype gradients are summed in across ranks (default float32)")  # fmt: skip
+    t.add_argument("--zero", action="store_true", help="with --distributed: ZeRO stage 1, the FP32 masters and "
+                   "optimizer state sharded across ranks")  # fmt: skip
     t.add_argument(
         "--memory", action="store_true", help="itemize the bytes held (weights, masters, moments, gradients) "
         "and measure the peak bytes of the last step"
@@ -608,6 +614,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return info()
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
+        if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
+            raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")
+        if args.command == "train" and args.distributed:
+            try:
+                from tinyamp.distributed.train import run_distributed
+            except ImportError as exc:  # no mpi4py: the message says how to install it
+                raise UsageError(str(exc)) from exc
+            with _one_blas_thread():
+                return run_distributed(args)
         with handle_signals() as stop, _one_blas_thread():
             return demo(args, stop) if args.command == "demo" else train(args, stop)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error

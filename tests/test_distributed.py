@@ -1,0 +1,311 @@
+"""Mixed precision across processes: `mpiexec -n 2` runs of tinyamp.distributed, checked bit for bit.
+
+Each multi-process test launches ``mpiexec -n 2 python -m tinyamp.distributed`` (MPICH from
+PyPI on the CI machine) with ``--dump DIR``: every rank writes the digests of its weights,
+masters, optimizer moments and scaler state after every step, and its final arrays.  The
+claims, each a test:
+
+* every rank holds the same bits after every step (ZeRO: the same weights and scale; its
+  sharded masters and moments, gathered, are those of the replicated run, bit for bit);
+* 2 ranks x B/2 = 1 process accumulating 2 micro-batches of B/2, bit for bit (the gradients are
+  summed in the same order, in the same dtype); = 1 process x B within a float32 tolerance;
+* an overflow only one rank sees: with the agreement every rank skips; without it they part;
+* a rank that raises, dies or hangs stops every rank within seconds; different settings are refused;
+* a sharded run's checkpoint resumes bit for bit, on 2 ranks and in 1 process;
+* the NCCL communicator runs a sharded run on the strict CuPy stand-in (no host/device mix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="tinyamp.distributed needs mpi4py: pip install -e '.[mpi]'")
+if shutil.which("mpiexec") is None:
+    pytest.skip("no mpiexec on PATH (pip install mpich)", allow_module_level=True)
+
+pytestmark = pytest.mark.optim
+
+ROOT = Path(__file__).resolve().parents[1]
+STAND_IN = ROOT / "tests" / "engine_room" / "strict_cupy"
+TIMEOUT_S = 120  # every launch has this timeout (subprocess.run): a hung job fails its test, never CI
+SMALL = ["--model", "mlp", "--batch-size", "64", "--quiet"]
+
+
+def launch(
+    ranks: int, *args: str, timeout: float = TIMEOUT_S, python_path: list[Path] | None = None,
+    script: list[str] | None = None,
+) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``mpiexec -n ranks python -m tinyamp.distributed args`` with one BLAS thread (the same sums in every run)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in [*(python_path or []), ROOT])
+    command = script or ["-m", "tinyamp.distributed"]
+    cmd = ["mpiexec", "-n", str(ranks), sys.executable, *command, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def dumped(folder: Path, ranks: int) -> list[tuple[dict, dict[str, np.ndarray]]]:
+    out = []
+    for r in range(ranks):
+        with np.load(folder / f"rank{r}.npz") as z:
+            out.append((json.loads((folder / f"rank{r}.json").read_text()), {k: z[k] for k in z.files}))
+    return out
+
+
+def run_and_dump(tmp_path: Path, name: str, ranks: int, *args: str, expect: int = 0) -> list[tuple[dict, dict]]:
+    folder = tmp_path / name
+    result = launch(ranks, *SMALL, "--dump", str(folder), *args)
+    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
+    return dumped(folder, ranks)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+# ---- in one process: the engine against the teaching code ------------------------------------------
+@pytest.mark.parametrize(("precision", "optimizer"), [("mixed", "adam"), ("mixed", "sgd"), ("fp16", "sgd"),
+                                                      ("fp32", "adam")])  # fmt: skip
+def test_one_rank_takes_the_single_process_step_bit_for_bit(precision: str, optimizer: str) -> None:
+    """N = 1: the flat, sharded machinery reduces to MasterWeights + LossScaler exactly (weights, masters, moments)."""
+    from threadpoolctl import threadpool_limits
+
+    from tinyamp.distributed import DataParallel, SingleProcess
+    from tinyamp.distributed.train import DistributedSetup, RankSlice
+    from tinyamp.experiments.regimes import REGIMES, build, make_scaler
+    from tinyamp.experiments.tasks import DigitsMLP
+
+    task = DigitsMLP(optimizer=optimizer, hidden=(32, 32), batch_size=16, lr=0.01)
+    regime = REGIMES[precision]
+    reference = build(regime, task.make_model(), task.make_optimizer)
+    model = task.make_model()
+    model.astype(regime.weights)
+    dp = DataParallel(model, task.make_optimizer, SingleProcess(), master_weights=regime.master_weights)
+    sliced = RankSlice(task, 0, 1)
+    setup = DistributedSetup(regime, model, dp, make_scaler(regime.scaler), None, rank_task=sliced)
+    with threadpool_limits(1):
+        for batch, micro in zip(task.batches(), sliced.batches()):
+            reference.step(lambda m, b=batch: task.loss(m, b))
+            setup.step(lambda m, b=micro: sliced.loss(m, b))
+            if setup.scaler.step_count == 6:
+                break
+    for (name, a), b in zip(reference.model.state_dict().items(), model.state_dict().values()):
+        assert same_bits(a, b), name
+    inner = reference.optimizer.optimizer if regime.master_weights else reference.optimizer
+    masters = [m.data for m in reference.optimizer.master_params] if regime.master_weights else None
+    gathered, state = dp.gathered()
+    views = dp.layout.views
+    if masters is not None:
+        assert all(same_bits(m, v) for m, v in zip(masters, views(gathered)))
+    for key, flat in state.items():
+        assert all(same_bits(s[key], v) for s, v in zip(inner.state, views(flat))), key
+    assert reference.scaler.state_dict() == setup.scaler.state_dict()
+
+
+def test_an_fp16_sum_overflows_as_ranks_grow_and_predivision_trades_it_for_lost_small_values() -> None:
+    """Scaled gradients of N ranks (a shared mean, +-25% per rank, |mean| from 2^-24 to 2^15): the FP16 sum
+    overflows more as N grows, the FP32 sum never; pre-dividing never overflows but flushes more small values."""
+    from tinyamp.distributed import reduction_error
+
+    rng = np.random.default_rng(0)
+    mean = rng.choice([-1.0, 1.0], 20_000) * 2.0 ** rng.uniform(-24, 15, 20_000)
+    grads = [(mean * (1 + 0.25 * np.clip(rng.standard_normal(20_000), -3, 3))).astype(np.float16) for _ in range(16)]
+    names = ("float32", "float16", "float16-predivide")
+    errors = {(name, n): reduction_error(grads[:n], name) for name in names for n in (2, 4, 16)}
+    assert all(errors["float32", n]["overflowed"] == 0 for n in (2, 4, 16))
+    overflowed = [errors["float16", n]["overflowed"] for n in (2, 4, 16)]
+    assert 0 < overflowed[0] < overflowed[1] < overflowed[2]
+    assert all(errors["float16-predivide", n]["overflowed"] == 0 for n in (2, 4, 16))
+    assert errors["float16-predivide", 16]["flushed_to_zero"] > errors["float16", 16]["flushed_to_zero"]
+    assert errors["float32", 16]["median_relative_error"] < 2.0**-20 < errors["float16", 16]["median_relative_error"]
+
+
+def test_import_tinyamp_never_imports_mpi_and_the_package_says_how_to_install_it() -> None:
+    code = (
+        "import sys; import tinyamp; assert 'mpi4py' not in sys.modules and 'tinyamp.distributed' not in sys.modules\n"
+        "sys.modules['mpi4py'] = None\n"
+        "try:\n    import tinyamp.distributed\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert 'pip install -e ".[mpi]"' in result.stdout and "pip install mpi4py mpich" in result.stdout
+
+
+# ---- on two ranks ----------------------------------------------------------------------------------
+def test_every_rank_holds_the_same_bits_after_every_step(tmp_path: Path) -> None:
+    """Replicated: weights, masters, moments (SGD's momentum) and scaler identical on both ranks, step by step."""
+    (a, fa), (b, fb) = run_and_dump(tmp_path, "ddp", 2, "--steps", "6", "--overflow-at", "2:0")
+    assert len(a["fingerprints"]) == 6 and a["fingerprints"] == b["fingerprints"]
+    assert a["skipped"] == b["skipped"] == [False, False, True, False, False, False]  # the overflow: both skipped
+    assert all(same_bits(fa[k], fb[k]) for k in fa)
+
+
+def test_zero_shards_the_masters_into_the_bits_of_the_replicated_run_and_the_memory_of_the_formula(
+    tmp_path: Path,
+) -> None:
+    (a, fa), (b, fb) = run_and_dump(tmp_path, "zero", 2, "--steps", "6", "--zero")
+    (r, fr), _ = run_and_dump(tmp_path, "ddp", 2, "--steps", "6")
+    assert [x["weights"] for x in a["fingerprints"]] == [x["weights"] for x in b["fingerprints"]]
+    assert [x["scaler"] for x in a["fingerprints"]] == [x["scaler"] for x in b["fingerprints"]]
+    assert a["fingerprints"][-1]["masters"] != b["fingerprints"][-1]["masters"]  # each rank holds its own half
+    for key in fr:  # gathered: the replicated run's masters and moments, bit for bit
+        assert same_bits(fa[key], fr[key]) and same_bits(fb[key], fr[key]), key
+    p = a["parameters"]  # the MLP trains with SGD + momentum: K = 4 (master) + 4 (momentum) = 8 bytes
+    assert sum(a["memory"].values()) == pytest.approx((2 + 2 + 8 / 2) * p, abs=16)  # padding: < N elements
+    assert sum(r["memory"].values()) == (2 + 2 + 8) * p
+
+
+@pytest.mark.parametrize("reduce_dtype", ["float32", "float16"])
+def test_two_ranks_are_one_process_accumulating_two_micro_batches_bit_for_bit(
+    tmp_path: Path, reduce_dtype: str
+) -> None:
+    """Same order of the sum (g_0 + g_1, in the same dtype), same bits; also under ZeRO."""
+    (two, f2), _ = run_and_dump(tmp_path, "two", 2, "--steps", "8", "--reduce-dtype", reduce_dtype, "--zero")
+    ((one, f1),) = run_and_dump(tmp_path, "one", 1, "--steps", "8", "--reduce-dtype", reduce_dtype,
+                                "--micro-batches", "2")  # fmt: skip
+    assert two["loss"] == one["loss"] and two["scales"] == one["scales"]
+    for key in f1:
+        assert same_bits(f2[key], f1[key]), key
+
+
+def test_two_ranks_match_one_process_with_the_whole_batch_within_a_float32_tolerance(tmp_path: Path) -> None:
+    """FP32 regime: the batch's sum is cut in two (the matmul's own order differs), 10 SGD steps.
+
+    Measured: at most 2e-8 apart for weights up to 0.13 (1.4e-7 of the largest, ~1 float32 ulp);
+    the tolerance is 1e-6 of the largest weight.  Bit-identical it is not: 4% of the weights differ.
+    """
+    args = ["--precision", "fp32", "--steps", "10", "--schedule", "constant"]
+    (two, f2), _ = run_and_dump(tmp_path, "two", 2, *args)
+    ((one, f1),) = run_and_dump(tmp_path, "one", 1, *args)
+    w2, w1 = f2["weights"].astype(np.float64), f1["weights"].astype(np.float64)
+    assert np.max(np.abs(w2 - w1)) <= 1e-6 * np.max(np.abs(w1))
+    assert np.any(w2 != w1)  # the tolerance is needed: the orders differ
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["replicated", "zero"])
+def test_an_overflow_one_rank_sees_skips_every_rank_with_agreement_and_splits_them_without(
+    tmp_path: Path, zero: bool
+) -> None:
+    flags = ["--steps", "5", "--overflow-at", "2:1"] + (["--zero"] if zero else [])
+    (a, _), (b, _) = run_and_dump(tmp_path, "agree", 2, *flags)
+    assert a["skipped"] == b["skipped"] == [False, False, True, False, False]
+    assert a["scales"] == b["scales"] and [x["weights"] for x in a["fingerprints"]] == [
+        x["weights"] for x in b["fingerprints"]
+    ]
+    (a, _), (b, _) = run_and_dump(tmp_path, "split", 2, *flags, "--no-agree", expect=0 if zero else 3)
+    assert a["skipped"][2] is False and b["skipped"][2] is True  # rank 1 alone saw its shard's inf
+    assert a["scales"][2:] != b["scales"][2:]  # the scale histories part for good
+    if zero:  # all-gathered, the weights stay equal: the divergence is in the scales the gradients carry
+        assert [x["weights"] for x in a["fingerprints"]] == [x["weights"] for x in b["fingerprints"]]
+    else:  # rank 0 stepped with rank 1's inf: its weights are no longer finite, rank 1's are
+        assert a["fingerprints"][2]["weights"] != b["fingerprints"][2]["weights"]
+        assert a["finite"] is False and b["finite"] is True
+
+
+@pytest.mark.parametrize(("fault", "says"), [
+    ("raise@2:1", "rank 1 of 2 raised RuntimeError"),
+    ("kill@2:1", "BAD TERMINATION"),
+    ("hang@2:1", "rank 0 of 2 waited more than 3 s"),
+])  # fmt: skip
+def test_a_rank_that_raises_dies_or_hangs_stops_every_rank_within_seconds(fault: str, says: str) -> None:
+    began = time.perf_counter()
+    result = launch(2, *SMALL, "--steps", "50", "--fault", fault, "--timeout", "3", timeout=60)
+    elapsed = time.perf_counter() - began
+    assert result.returncode != 0
+    assert says in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
+    assert elapsed < 30, f"the job took {elapsed:.0f} s to stop"
+
+
+def test_ranks_started_with_different_settings_are_refused_at_start_up() -> None:
+    first = ["-n", "1", sys.executable, "-m", "tinyamp.distributed", *SMALL, "--steps", "2"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    cmd = ["mpiexec", *first, "--lr", "0.1", ":", *first, "--lr", "0.05"]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 2
+    assert "different settings (--lr: rank 0 0.1, rank 1 0.05)" in result.stderr
+
+
+def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_process(tmp_path: Path) -> None:
+    """Saved at step 3 by a ZeRO run that then crashed; resumed on 2 ranks, and in 1 process x 2 micro-batches."""
+    args = ["--steps", "6", "--zero", "--reduce-dtype", "float16"]
+    (straight, fs), _ = run_and_dump(tmp_path, "straight", 2, *args)
+    out = tmp_path / "run"
+    crashed = launch(2, *SMALL, *args, "--out", str(out), "--checkpoint-every", "3", "--fault", "raise@3:1")
+    assert crashed.returncode != 0 and (out / "checkpoint.npz").exists(), crashed.stderr[-2000:]
+    resume = ["--resume", str(out / "checkpoint.npz"), "--zero", "--reduce-dtype", "float16"]
+    (again, fa), _ = run_and_dump(tmp_path, "again", 2, *resume)
+    ((alone, f1),) = run_and_dump(tmp_path, "alone", 1, *resume, "--micro-batches", "2")
+    for key in fs:
+        assert same_bits(fa[key], fs[key]) and same_bits(f1[key], fs[key]), key
+    assert again["scales"] == alone["scales"] == straight["scales"]  # the scaler's history travels in the file
+    assert again["loss"] == straight["loss"][3:]
+
+
+RUN_ON_STAND_IN = """
+import sys, types
+import numpy as np
+import cupy  # the strict stand-in, first on PYTHONPATH
+import strict_cupy_plugin  # noqa: F401  (the GPU-only kernels switched to their generic code)
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def host(a):
+    if not isinstance(a, cupy.ndarray):
+        raise TypeError(f"NCCL takes device arrays; got {type(a).__name__}")
+    return cupy.asnumpy(a)
+
+
+class Backend:  # cupyx.distributed.NCCLBackend's calls, carried by MPI
+    def all_reduce(self, i, o, op="sum"):
+        h = host(i); r = np.empty_like(h); host(o); world.Allreduce(h, r, op=OPS[op]); o[...] = cupy.asarray(r)
+    def all_gather(self, i, o, count):
+        h = host(i); r = np.empty(world.size * count, h.dtype); host(o); world.Allgather(h, r); o[...] = cupy.asarray(r)
+    def all_to_all(self, i, o):
+        h = host(i); r = np.empty_like(h); host(o); world.Alltoall(h, r); o[...] = cupy.asarray(r)
+    def broadcast(self, a, root=0):
+        h = host(a); world.Bcast(h, root=root); a[...] = cupy.asarray(h)
+    def barrier(self):
+        world.Barrier()
+
+
+distributed = types.ModuleType("cupyx.distributed")
+distributed.init_process_group = lambda n, rank, **kw: Backend()
+sys.modules["cupyx.distributed"] = distributed
+cupy.cuda.runtime.getDeviceCount = lambda: 1
+cupy.cuda.Device.use = lambda self: None
+from tinyamp.distributed.__main__ import main
+
+code = main(sys.argv[1:])
+print(f"STRICT-CUPY VIOLATIONS: {len(cupy.VIOLATIONS)}")
+sys.exit(code or (1 if cupy.VIOLATIONS else 0))
+"""
+
+
+def test_the_nccl_communicator_runs_a_sharded_run_on_the_strict_stand_in(tmp_path: Path) -> None:
+    """NCCL's interface, carried by MPI on CuPy stand-in arrays: no host array reaches it, the same bits as MPI's."""
+    script = tmp_path / "run_on_stand_in.py"
+    script.write_text(RUN_ON_STAND_IN)
+    args = ["--steps", "4", "--zero", "--reduce-dtype", "float16", "--overflow-at", "1:1"]
+    gpu = launch(2, *SMALL, *args, "--device", "cuda", "--dump", str(tmp_path / "gpu"), script=[str(script)],
+                 python_path=[STAND_IN])  # fmt: skip
+    out = gpu.stdout + gpu.stderr
+    assert gpu.returncode == 0, out[-4000:]
+    assert out.count("STRICT-CUPY VIOLATIONS: 0") == 2, out[-4000:]
+    (g, fg), _ = dumped(tmp_path / "gpu", 2)
+    (c, fc), _ = run_and_dump(tmp_path, "cpu", 2, *args)
+    assert g["skipped"] == c["skipped"] == [False, True, False, False]
+    for key in fc:
+        assert same_bits(fg[key], fc[key]), key

@@ -1,0 +1,401 @@
+"""`tinyamp train --distributed`: the tasks and regimes of a single-process run, on N ranks.
+
+    mpiexec -n 2 python -m tinyamp.distributed --model mlp --precision mixed --steps 300 --zero
+
+Every rank draws the same batch of B examples (the single-process sequence), takes its slice
+of B/N, and trains a replica (``DataParallel``).  The loop is the single-process one
+(``experiments.runner.run_regime``), with ``DistributedSetup.step`` for the step, so the
+results are measured and written the same way; rank 0 writes them.  The loss reported is the
+mean of the ranks' losses: the loss of the whole batch.  At the end, rank 0 prints one row per
+rank: steps skipped, the loss scale, the bytes of model states it holds and the bytes it sent.
+
+Ranks started with different settings are refused before anything is built; an error on one
+rank stops every rank (``communicator.abort_on_error``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tinyamp as ta
+from tinyamp import backend
+from tinyamp.amp import save_checkpoint
+from tinyamp.distributed import checkpoint
+from tinyamp.distributed.communicator import (
+    DEFAULT_TIMEOUT_S,
+    Communicator,
+    abort_on_error,
+    exchange_json,
+    make_communicator,
+)
+from tinyamp.distributed.data_parallel import DataParallel
+from tinyamp.distributed.faults import Fault, parse_at
+from tinyamp.experiments import run_settings
+from tinyamp.experiments.regimes import REGIMES, Setup, make_scaler
+from tinyamp.tensor import Tensor
+
+DEFAULT_STEPS = 1500  # as `tinyamp train`
+SHARED = ("model", "precision", "scaler", "steps", "batch_size", "lr", "schedule", "seed", "device", "reduce_dtype",
+          "zero", "agree", "micro_batches", "resume", "checkpoint_every", "out", "overflow_at")  # fmt: skip
+
+
+class DistributedUsageError(Exception):
+    """Bad settings, found the same way on every rank: every rank exits with status 2, nothing is aborted."""
+
+
+class RankSlice:
+    """A task seen by one rank: the same batches, cut to this rank's B/N examples (in `micro_batches` pieces)."""
+
+    def __init__(self, task: Any, rank: int, size: int, micro_batches: int = 1) -> None:
+        self.task, self.rank, self.size, self.micro_batches = task, rank, size, micro_batches
+        self.micro = 0  # the micro-batch ``loss`` reads (DistributedSetup.step sets it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)  # name, lr_at, evaluate, device, ...
+
+    def batches(self, start: int = 0) -> Any:
+        """The task's batches from `start`, each as this rank's list of micro-batches."""
+        per_rank = self.task.batch_size // self.size
+        m = per_rank // self.micro_batches
+        for x, y in self.task.batches(start=start):
+            at = self.rank * per_rank
+            yield [tuple(_rows(t, at + i * m, at + (i + 1) * m) for t in (x, y)) for i in range(self.micro_batches)]
+
+    def loss(self, model: Any, batch: Any) -> Tensor:
+        """The task's loss (a mean) on micro-batch ``micro`` of this rank's slice."""
+        return self.task.loss(model, batch[self.micro])
+
+
+def _rows(t: Tensor, lo: int, hi: int) -> Tensor:
+    return ta.tensor(t.data[lo:hi], device=t.device)
+
+
+@dataclass
+class DistributedSetup(Setup):
+    """A Setup whose step is the data-parallel one; it also records the time and bytes of each step."""
+
+    rank_task: Any = None
+    overflow_at: tuple[tuple[int, int], ...] = ()
+    fault: Fault | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    comm_seconds: list[float] = field(default_factory=list)
+    bytes_sent: list[int] = field(default_factory=list)
+    fingerprints: list[dict[str, str]] = field(default_factory=list)
+
+    def step(self, loss_fn: Any, measure_lost: bool = False, inspect: Any = None) -> tuple[float, Any, None]:
+        """One data-parallel step (``data_parallel.py``); returns the whole batch's loss and the StepReport."""
+        dp, scaler = self.optimizer, self.scaler
+        comm, step = dp.comm, scaler.step_count
+        if self.fault is not None:
+            self.fault.trigger(step, comm.rank)
+        began, seconds, sent = time.perf_counter(), comm.seconds, comm.bytes_sent
+        dp.zero_grad()
+        losses = []
+        for i in range(dp.micro_batches):
+            self.rank_task.micro = i
+            with self.autocast():
+                loss = loss_fn(self.model)
+            if inspect is not None and i == 0:
+                inspect(loss)
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the scaler's to find and report
+                scaler.scale_loss(loss, accumulate=i > 0).backward()
+            dp.collect()
+            losses.append(float(loss.item()))
+        self.rank_task.micro = 0
+        if (step, comm.rank) in self.overflow_at:
+            dp.inject_overflow()
+        flags = scaler.unscale_(dp)
+        dp.exchange(flags)
+        report = scaler.step(dp)
+        dp.finish()
+        means = backend.to_device(comm.allgather(comm.xp.asarray([sum(losses) / len(losses)])), "cpu")
+        self.step_seconds.append(time.perf_counter() - began)
+        self.comm_seconds.append(comm.seconds - seconds)
+        self.bytes_sent.append(comm.bytes_sent - sent)
+        return sum(float(v) for v in means) / comm.size, report, None  # summed in rank order: equal on every rank
+
+    def record_fingerprint(self) -> None:
+        """Append the digests of this rank's weights, masters, moments and scaler state (tests compare them)."""
+        scaler = json.dumps(self.scaler.state_dict(), sort_keys=True, default=str).encode("utf-8")
+        self.fingerprints.append({**self.optimizer.fingerprint(), "scaler": hashlib.sha256(scaler).hexdigest()[:16]})
+
+    def row(self, skipped: int) -> dict[str, Any]:
+        """This rank's line of the per-rank table."""
+        return {
+            "rank": self.optimizer.comm.rank, "skipped": skipped, "scale": self.scaler.scale,
+            "held_bytes": sum(self.optimizer.memory().values()),
+            "sent_per_step": float(np.median(self.bytes_sent)) if self.bytes_sent else 0.0,
+            "communication_share": sum(self.comm_seconds) / max(sum(self.step_seconds), 1e-12),
+            "ms_per_step": 1e3 * float(np.median(self.step_seconds)) if self.step_seconds else float("nan"),
+        }  # fmt: skip
+
+
+def format_ranks(rows: list[dict[str, Any]]) -> str:
+    """The per-rank table rank 0 prints."""
+    lines = [f"{'rank':>4}  {'skipped':>7}  {'loss scale':>10}  {'model states held':>17}  {'sent per step':>13}  "
+             f"{'time in collectives':>19}"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"{r['rank']:>4}  {r['skipped']:>7}  {r['scale']:>10g}  {r['held_bytes'] / 2**10:>13,.0f} KiB  "
+            f"{r['sent_per_step'] / 2**10:>9,.1f} KiB  {100 * r['communication_share']:>18.0f}%"
+        )
+    lines.append("* held: FP16 weights and gradients, FP32 masters and optimizer state (ZeRO shards the last two);")
+    lines.append("  sent: bytes this rank sends per step (as a ring all-reduce counts them); time: waiting included")
+    return "\n".join(lines)
+
+
+def settings_of(args: Any) -> dict[str, Any]:
+    """The settings every rank must share, from a `tinyamp train` Namespace plus the distributed fields."""
+    s = {k: getattr(args, k, None) for k in SHARED}
+    s["device"] = s["device"] or "cpu"
+    s["reduce_dtype"] = s["reduce_dtype"] or "float32"
+    s["zero"], s["agree"] = bool(s["zero"]), s["agree"] is not False
+    s["micro_batches"] = 1 if s["micro_batches"] is None else s["micro_batches"]
+    s["overflow_at"] = sorted(parse_at(v) for v in (s["overflow_at"] or []))
+    s["fault"] = getattr(args, "fault", None)
+    s["extend"] = bool(getattr(args, "extend", False))
+    s["tinyamp"], s["numpy"] = ta.__version__, np.__version__
+    return s
+
+
+def check_same_settings(comm: Communicator, settings: dict[str, Any]) -> None:
+    """Refuse, on every rank, ranks that were started with different settings (the fault may differ)."""
+    mine = {k: v for k, v in settings.items() if k != "fault"}
+    every = exchange_json(comm, mine)
+    differ = sorted({k for s in every for k in s if s.get(k) != every[0].get(k)})
+    if differ:
+        told = "; ".join(
+            f"--{k.replace('_', '-')}: " + ", ".join(f"rank {r} {v.get(k)!r}" for r, v in enumerate(every))
+            for k in differ
+        )
+        raise DistributedUsageError(
+            f"the ranks were started with different settings ({told}); every rank of a data-parallel run must be "
+            "started with the same command line"
+        )
+
+
+def run_distributed(args: Any) -> int:
+    """Train as ``tinyamp train`` does, on the ranks ``mpiexec -n N`` started; return the exit status.
+
+    `args` has the fields of `tinyamp train` (model, precision, scaler, steps, batch_size, lr,
+    schedule, seed, out, quiet; device, resume, checkpoint_every, memory where given) and
+    ``reduce_dtype`` ("float32", "float16", "float16-predivide"), ``zero`` and ``agree``
+    (``micro_batches``, ``timeout``, ``overflow_at``, ``fault`` and ``dump`` optional).
+    """
+    settings = settings_of(args)
+    comm = make_communicator(settings["device"], float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S))
+    with abort_on_error(comm):
+        try:
+            check_same_settings(comm, settings)
+            return _train(args, settings, comm)
+        except DistributedUsageError as exc:
+            if comm.rank == 0:
+                print(f"tinyamp: error: {exc}", file=sys.stderr)
+            return 2
+
+
+def _problem(s: dict[str, Any], size: int) -> str | None:
+    """What is wrong with the settings (the same answer on every rank), or None."""
+    for name in ("model", "precision", "scaler", "steps", "batch_size", "lr", "schedule", "seed", "checkpoint_every"):
+        value = s[name]
+        why = None if value is None else run_settings.problem(name, value)
+        if why is not None:
+            return f"--{name.replace('_', '-')} {why}"
+    from tinyamp.distributed.allreduce import REDUCTIONS
+
+    if s["reduce_dtype"] not in REDUCTIONS:
+        return f"--reduce-dtype must be one of {', '.join(REDUCTIONS)}; got {s['reduce_dtype']!r}"
+    regime = REGIMES[s["precision"] or "mixed"]
+    if s["zero"] and not regime.master_weights:
+        return (f"--zero shards FP32 master weights; --precision {regime.name} has none (use fp16-master, mixed or "
+                "bf16-mixed)")  # fmt: skip
+    if s["reduce_dtype"].startswith("float16") and regime.weights != "float16":
+        return f"--reduce-dtype {s['reduce_dtype']} sums FP16 gradients; --precision {regime.name} has none"
+    if not isinstance(s["micro_batches"], int) or s["micro_batches"] < 1:
+        return f"--micro-batches must be a whole number of at least 1; got {s['micro_batches']!r}"
+    if s["extend"]:
+        return "--extend is not available with --distributed yet: resume to the saved total, then start a new run"
+    parts = size * s["micro_batches"]
+    if s["batch_size"] is not None and s["batch_size"] % parts:
+        return (f"--batch-size {s['batch_size']} does not split into {size} ranks x {s['micro_batches']} micro-batches;"
+                f" pass a multiple of {parts}")  # fmt: skip
+    if s["checkpoint_every"] is not None and s["out"] is None:
+        return "--checkpoint-every writes into the output folder; it needs --out DIR"
+    return None
+
+
+def _resume_settings(s: dict[str, Any]) -> int:
+    """Take the stored settings of --resume (refusing any given that differ); return the step it resumes at."""
+    from tinyamp.amp.training_state import read_extra
+
+    try:
+        saved = run_settings.checked_stored(read_extra(s["resume"])["train"], s["resume"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DistributedUsageError(f"--resume {s['resume']}: {exc}") from exc
+    for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
+        if s[key] is not None and s[key] != saved[key]:
+            raise DistributedUsageError(f"--{key.replace('_', '-')} {s[key]} differs from the checkpoint's "
+                                        f"{saved[key]}: a resumed run keeps its settings")  # fmt: skip
+        s[key] = saved[key]
+    if s["steps"] not in (None, saved["total_steps"]):
+        raise DistributedUsageError("--steps differs from the checkpoint's total; --extend is not available with "
+                                    "--distributed: leave out --steps")  # fmt: skip
+    s["steps"] = saved["total_steps"]
+    if saved["step"] >= saved["total_steps"]:
+        raise DistributedUsageError(f"the checkpoint's run is finished ({saved['step']} of {saved['total_steps']})")
+    return saved["step"]
+
+
+def _on_rank0(comm: Communicator, fn: Any) -> Any:
+    """Run `fn` on rank 0 only; an error there becomes a DistributedUsageError on every rank."""
+    value, error = None, None
+    if comm.rank == 0:
+        try:
+            value = fn()
+        except (OSError, ValueError) as exc:
+            error = str(exc)
+    error = exchange_json(comm, error)[0]
+    if error is not None:
+        raise DistributedUsageError(error)
+    return value
+
+
+def _train(args: Any, s: dict[str, Any], comm: Communicator) -> int:
+    from tinyamp.experiments.divergence import diverged, explain
+    from tinyamp.experiments.output_folder import OutputFolder
+    from tinyamp.experiments.results import format_table, results_document
+    from tinyamp.experiments.runner import run_regime
+    from tinyamp.experiments.tasks import TASKS
+
+    start = _resume_settings(s) if s["resume"] else 0
+    why = _problem(s, comm.size)
+    if why is not None:
+        raise DistributedUsageError(why)
+    s["model"], s["precision"] = s["model"] or "mlp", s["precision"] or "mixed"
+    s["seed"], s["steps"] = s["seed"] or 0, s["steps"] or DEFAULT_STEPS
+    overrides = {k: s[k] for k in ("batch_size", "lr", "schedule") if s[k] is not None}
+    task = TASKS[s["model"]](seed=s["seed"], device=s["device"], **overrides)
+    if task.batch_size % (comm.size * s["micro_batches"]):
+        raise DistributedUsageError(f"the batch of {task.batch_size} does not split into {comm.size} ranks x "
+                                    f"{s['micro_batches']} micro-batches; pass --batch-size")  # fmt: skip
+    regime = REGIMES[s["precision"]]
+    scaler_name = s["scaler"] or regime.scaler
+    model = task.make_model()
+    model.astype(regime.weights)
+    dp = DataParallel(model, task.make_optimizer, comm, master_weights=regime.master_weights,
+                      reduction=s["reduce_dtype"], zero=s["zero"], agree=s["agree"],
+                      micro_batches=s["micro_batches"])  # fmt: skip
+    rank_task = RankSlice(task, comm.rank, comm.size, s["micro_batches"])
+    fault = Fault.parse(s["fault"]) if s["fault"] else None
+    setup = DistributedSetup(regime, model, dp, make_scaler(scaler_name), None, rank_task=rank_task,
+                             overflow_at=tuple(map(tuple, s["overflow_at"])), fault=fault)  # fmt: skip
+    if start:
+        checkpoint.load(s["resume"], dp, model, task.make_optimizer, setup.scaler)
+    out = _on_rank0(comm, lambda: _checked_folder(OutputFolder, s["out"])) if s["out"] else None  # rank 0's
+    writes = s["out"] is not None  # the same on every rank: whether the collective gathers take place
+    distributed = {"ranks": comm.size, "reduce_dtype": s["reduce_dtype"], "zero": s["zero"], "agree": s["agree"],
+                   "micro_batches": s["micro_batches"]}  # fmt: skip
+    train = {k: s[k] for k in ("model", "precision", "seed")}  # the settings `tinyamp train --resume` reads
+    train.update(scaler=scaler_name, batch_size=task.batch_size, lr=task.lr, schedule=task.schedule,
+                 total_steps=s["steps"])  # fmt: skip
+    if comm.rank == 0 and not getattr(args, "quiet", False):
+        mode = "ZeRO-1 (masters and moments sharded)" if s["zero"] else "replicated masters"
+        print(f"{task.name} in {s['precision']} on {comm.size} ranks x batch {task.batch_size // comm.size} "
+              f"({mode}, gradients summed in {s['reduce_dtype']}, agreement {'on' if s['agree'] else 'OFF'}): "
+              f"{s['steps']} steps, lr {task.lr} ({task.schedule}), seed {s['seed']}")  # fmt: skip
+
+    def save(folder: Path, step: int, twin: Any) -> str:
+        extra = {"train": {**train, "step": step}, "distributed": distributed}
+        save_checkpoint(folder / "checkpoint.npz", twin[0], twin[1], setup.scaler, extra)
+        return "checkpoint.npz"
+
+    def after_step(done: int) -> None:
+        if getattr(args, "dump", None):
+            setup.record_fingerprint()
+        if writes and s["checkpoint_every"] and done % s["checkpoint_every"] == 0 and done < s["steps"]:
+            twin = checkpoint.single_process_copy(dp, model, task.make_optimizer)  # collective
+            if comm.rank == 0:
+                manifest = {"command": "train", "finished": False, "step": done, "total_steps": s["steps"]}
+                out.write(lambda folder: [save(folder, done, twin)], manifest)
+            comm.barrier()  # the checkpoint is on disk before any rank goes on (and may fail)
+
+    bar = _progress(comm.rank == 0 and not getattr(args, "quiet", False))
+    with np.errstate(all="ignore"):
+        result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
+                               progress=bar, memory=bool(getattr(args, "memory", False)),
+                               after_step=after_step)  # fmt: skip
+    rows = exchange_json(comm, setup.row(result.skipped_steps))
+    why = exchange_json(comm, explain(task, setup, result, start) if diverged(result, start) else None)
+    failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
+    twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and not failed else None
+    if getattr(args, "dump", None):
+        _dump(Path(args.dump), setup, dp, result, rows)
+    if comm.rank == 0:
+        print(format_table([result]))
+        print(format_ranks(rows))
+        if out is not None:
+            config = {"command": "train", "resumed_from": start, "distributed": {**distributed, "per_rank": rows}}
+            document = results_document({task.name: (task, [result])}, config)
+            manifest = {"command": "train", "finished": True, "step": s["steps"], "total_steps": s["steps"]}
+            written = out.write(lambda folder: _fill(folder, document, None if failed else
+                                                     (lambda f: save(f, s["steps"], twin))), manifest)  # fmt: skip
+            print(f"wrote {', '.join(written)} to {out.path}")
+        if failed:
+            print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
+    return 3 if failed else 0
+
+
+def _checked_folder(folder_type: Any, path: str) -> Any:
+    out = folder_type(path, "--out")
+    for sentence in out.recover():
+        print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
+    out.check()
+    return out
+
+
+def _fill(folder: Path, document: dict[str, Any], save: Any) -> list[str]:
+    from tinyamp.experiments import figures
+    from tinyamp.experiments.results import write_json
+
+    written = [write_json(document, folder).name]
+    if save is not None:
+        written.append(save(folder))
+    if figures.matplotlib_available():
+        written += [p.name for p in figures.write_figures(document, folder)]
+    return written
+
+
+def _progress(show: bool) -> Any:
+    if not show:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return lambda **kw: tqdm(**kw, leave=False, dynamic_ncols=True, file=sys.stderr)
+
+
+def _dump(folder: Path, setup: DistributedSetup, dp: DataParallel, result: Any, rows: list[dict[str, Any]]) -> None:
+    """For tests and the tutorial: this rank's step-by-step digests, final arrays and scaler history."""
+    masters, state = dp.gathered()  # collective
+    folder.mkdir(parents=True, exist_ok=True)
+    rank = dp.comm.rank
+    host = {k: backend.to_device(v, "cpu") for k, v in state.items()}
+    np.savez(folder / f"rank{rank}.npz", weights=backend.to_device(dp.weights[: dp.layout.total], "cpu"),
+             masters=backend.to_device(masters, "cpu"), **{f"state_{k}": v for k, v in host.items()})  # fmt: skip
+    info = {
+        "fingerprints": setup.fingerprints, "scales": [e.scale_after for e in setup.scaler.history],
+        "skipped": result.series["skipped"], "loss": result.series["loss"], "memory": dp.memory(),
+        "parameters": dp.layout.total, "rows": rows, "finite": bool(math.isfinite(float(np.sum(
+            backend.to_device(dp.weights, "cpu").astype(np.float64))))),
+    }  # fmt: skip
+    (folder / f"rank{rank}.json").write_text(json.dumps(info, default=float) + "\n", encoding="utf-8")

@@ -1,0 +1,262 @@
+# %% [markdown]
+# # 9. Mixed precision across processes
+#
+# Real mixed-precision training runs on many devices, and that is where its subtlest bugs live.
+# In data-parallel training, N processes (*ranks*) each hold a replica of the model, each computes
+# the gradient of its own slice of the batch, and the N gradients are summed across ranks before
+# the update. Three questions of precision appear that a single process never asks:
+#
+# - in which dtype are the N gradients summed, and what does FP16 do to that sum as N grows?
+# - one rank finds an overflow and skips the step: do the others skip too?
+# - the FP32 masters and Adam's moments are 12 of the 16 bytes per parameter: must every rank
+#   hold all of them?
+#
+# `tinyamp.distributed` answers each on MPI (mpi4py with MPICH, on CPUs; NCCL through CuPy on
+# GPUs, with the same interface). This tutorial runs as an ordinary script: it launches
+# `mpiexec -n 2 python -m tinyamp.distributed ...` for each experiment, with `--dump DIR`,
+# where every rank writes what it holds after every step, and reads the files back.
+#
+# You will learn:
+#
+# - why an FP16 sum of N gradients overflows where their mean cannot, and what pre-dividing costs;
+# - why every rank must take *one* overflow decision, and what happens when they do not;
+# - what ZeRO stage 1 saves (2 + 2 + 12/N bytes per parameter) and why it changes no bit;
+# - that two ranks with half a batch each are, bit for bit, one process accumulating two halves.
+#
+# Time: about 20 seconds to run (each launch starts two Python processes), 20 minutes to read.
+
+# %%
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from tinyamp.distributed import REDUCTIONS, reduction_error, zero_bytes_per_parameter
+
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
+OUT.mkdir(parents=True, exist_ok=True)
+ROOT = HERE.parent
+WORK = Path(tempfile.mkdtemp(prefix="tinyamp-09-"))
+if shutil.which("mpiexec") is None:
+    raise SystemExit("this tutorial launches `mpiexec`: pip install -e '.[mpi]' (or pip install mpi4py mpich)")
+
+
+def run(ranks: int, *flags: str, expect: int = 0) -> list[dict]:
+    """Train the digits MLP on `ranks` processes; return what each rank dumped (its JSON, plus its arrays)."""
+    folder = WORK / f"run{len(list(WORK.iterdir()))}"
+    # One BLAS thread per rank: the same float32 sums in every run, and no two ranks fighting for a core.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]))  # fmt: skip
+    cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "tinyamp.distributed", "--model", "mlp",
+           "--batch-size", "64", "--quiet", "--dump", str(folder), *flags]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == expect, done.stdout[-2000:] + done.stderr[-2000:]
+    dumps = []
+    for r in range(ranks):
+        info = json.loads((folder / f"rank{r}.json").read_text())
+        with np.load(folder / f"rank{r}.npz") as z:
+            info["arrays"] = {k: z[k] for k in z.files}
+        dumps.append(info)
+    return dumps
+
+
+# %% [markdown]
+# ## 1. The sum across ranks, and its dtype
+#
+# Each rank computes the gradient of the *mean* loss over its B/N examples; the gradient of the
+# whole batch is the mean of the N rank gradients. With loss scaling those gradients are large
+# on purpose (scaled by up to $2^{16}$), and FP16's largest value is 65504. The mean of N values
+# below 65504 is below 65504, but their *sum* need not be: two gradients of 40000 sum to 80000,
+# which is inf in FP16. Three ways to compute the mean (`tinyamp/distributed/allreduce.py`):
+#
+# - `float32`: widen each FP16 gradient (exact), sum in FP32, divide by N;
+# - `float16`: sum in FP16 (half the bytes on the wire), divide by N afterwards;
+# - `float16-predivide`: divide each gradient by N first, in FP16, then sum (PyTorch DDP's
+#   `gradient_predivide_factor`): the sum of means cannot overflow, but small values divided by N
+#   fall below FP16's smallest subnormal, $2^{-24}$, and round to zero.
+#
+# We measure the three on synthetic gradients of one scaled step: a shared mean per element
+# (what the ranks agree on) with 25% of rank-to-rank noise, magnitudes spread from $2^{-24}$ to
+# $2^{15}$, for N = 2 to 16 ranks.
+
+# %%
+rng = np.random.default_rng(0)
+mean = rng.choice([-1.0, 1.0], 50_000) * 2.0 ** rng.uniform(-24, 15, 50_000)
+grads = [(mean * (1 + 0.25 * np.clip(rng.standard_normal(50_000), -3, 3))).astype(np.float16) for _ in range(16)]
+ranks = [2, 4, 8, 16]
+study = {name: [reduction_error(grads[:n], name) for n in ranks] for name in REDUCTIONS}
+print(f"{'reduction':<19}{'N':>3}{'overflowed':>12}{'flushed to 0':>14}{'median rel. error':>19}")
+for name, rows in study.items():
+    for n, e in zip(ranks, rows):
+        print(f"{name:<19}{n:>3}{e['overflowed']:>12.2%}{e['flushed_to_zero']:>14.2%}"
+              f"{e['median_relative_error']:>19.2e}")  # fmt: skip
+
+over16 = [e["overflowed"] for e in study["float16"]]
+assert all(e["overflowed"] == 0 for e in study["float32"])  # FP32's range: the sum never overflows
+assert all(a < b for a, b in zip(over16, over16[1:]))  # FP16: more ranks, more overflow
+assert all(e["overflowed"] == 0 for e in study["float16-predivide"])  # the means cannot overflow...
+flushed = [e["flushed_to_zero"] for e in study["float16-predivide"]]
+assert flushed[-1] > study["float16"][-1]["flushed_to_zero"]  # ...but more small values vanish
+assert study["float32"][-1]["median_relative_error"] < 2.0**-20 < study["float16"][-1]["median_relative_error"]
+
+fig, ax = plt.subplots(figsize=(7, 3.2))
+for name, style in zip(REDUCTIONS, ("o-", "s-", "^-")):
+    ax.plot(ranks, [100 * e["overflowed"] for e in study[name]], style, label=f"{name}: overflowed")
+ax.plot(ranks, [100 * f for f in flushed], "^--", label="float16-predivide: flushed to 0")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("ranks N")
+ax.set_ylabel("% of gradient elements")
+ax.set_title("Summing N scaled FP16 gradients: the dtype of the sum decides", fontsize=9)
+ax.grid(alpha=0.3)
+ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(OUT / "09_reduction_dtype.png", dpi=110)
+
+# %% [markdown]
+# The FP16 sum overflows the more ranks there are: with N ranks, a gradient above 65504/N is
+# enough. A dynamic loss scaler would see those overflows, skip, and settle about $\log_2 N$ bits
+# lower, giving back the small gradients that scaling was meant to save. Pre-dividing removes the
+# overflow and pays at the other end. FP32 does neither, for twice the bytes: tinyamp's default.
+#
+# ## 2. Two ranks, one model: the same bits everywhere
+#
+# `tinyamp.distributed` builds the all-reduce from its two halves (`allreduce.py`): a
+# *reduce-scatter*, after which rank r holds the sum of shard r of the flat gradient, summed in
+# rank order $((g_0 + g_1) + g_2) + \dots$, and an *all-gather*, after which every rank holds
+# every summed shard. Each shard is summed once, on one rank, so every rank receives the same
+# bits, whatever order the MPI library would have chosen. After every step each rank records a
+# digest of its FP16 weights, FP32 masters, optimizer moments and scaler state.
+
+# %%
+a, b = run(2, "--steps", "6")
+print("rank 0, last step:", a["fingerprints"][-1])
+print("rank 1, last step:", b["fingerprints"][-1])
+assert a["fingerprints"] == b["fingerprints"]  # every step, all four
+assert all(np.array_equal(a["arrays"][k], b["arrays"][k]) for k in a["arrays"])
+
+# %% [markdown]
+# ## 3. One overflow decision
+#
+# Each rank checks for inf and NaN only in the gradient shard it owns: a check of 1/N of the
+# gradient, and under ZeRO the only part a rank holds. But then an overflow in one shard is seen by
+# one rank only. `--overflow-at 2:1` writes an inf into rank 1's gradient at step 2, in its own
+# shard, as an overflow in its backward would.
+#
+# With the agreement (`agreement.py`), each rank's found_inf goes through an all-reduce with MAX
+# before the skip, so both ranks skip step 2 and both scalers back off. The LossScaler needs no
+# change: the agreed decision reaches it as one more gradient, a one-element array that holds inf
+# when another rank found an overflow.
+
+# %%
+agreed = run(2, "--steps", "5", "--overflow-at", "2:1")
+split = run(2, "--steps", "5", "--overflow-at", "2:1", "--no-agree", expect=3)
+for label, (r0, r1) in (("with agreement", agreed), ("without", split)):
+    print(f"{label}:")
+    for r, d in enumerate((r0, r1)):
+        print(f"  rank {r}: skipped {[int(s) for s in d['skipped']]}, scales {d['scales']}, "
+              f"weights finite: {d['finite']}")  # fmt: skip
+
+r0, r1 = agreed
+assert r0["skipped"] == r1["skipped"] == [False, False, True, False, False]
+assert r0["fingerprints"] == r1["fingerprints"] and r0["scales"] == r1["scales"]
+r0, r1 = split
+assert r1["skipped"][2] and not r0["skipped"][2]  # rank 1 skipped alone...
+assert r0["fingerprints"][2]["weights"] != r1["fingerprints"][2]["weights"]  # ...and the replicas parted
+assert not r0["finite"] and r1["finite"]  # rank 0 stepped with rank 1's inf
+
+# %% [markdown]
+# Without the agreement, rank 0 found its own shard clean and stepped, with the whole gradient,
+# rank 1's inf included: its weights are no longer finite (the run exits with status 3, diverged),
+# while rank 1's never changed. Their loss scales part too and never meet again. Nothing in rank
+# 0's own check could have told it. The agreement costs one 4-byte all-reduce per step.
+#
+# ## 4. ZeRO stage 1: the masters and moments, sharded
+#
+# Per parameter, mixed precision with Adam holds 2 bytes of FP16 weight, 2 of FP16 gradient,
+# and 12 of optimizer state in FP32: master, first and second moment. The update of an element
+# reads only that element's gradient, master and moments, so rank r can keep the 12 bytes for its
+# shard alone, update it, and send the others its new FP16 weights (an all-gather). Per rank that
+# is $2 + 2 + 12/N$ bytes per parameter (Rajbhandari et al., 2020). The digits MLP trains with
+# SGD and momentum: its state is 8 bytes (master and momentum), so $2 + 2 + 8/N$. We measure the
+# bytes each rank holds, from its arrays, for N = 1, 2 and 4 (two processes per core is fine for
+# counting bytes).
+
+# %%
+held = {}
+for n in (1, 2, 4):
+    dumps = run(n, "--steps", "2", "--zero")
+    held[n] = [sum(d["memory"].values()) / d["parameters"] for d in dumps]
+    print(f"N = {n}: bytes per parameter on each rank {[f'{x:.3f}' for x in held[n]]}, "
+          f"formula 2 + 2 + 8/N = {zero_bytes_per_parameter(n, state_bytes=8):.3f}")  # fmt: skip
+    assert all(abs(x - zero_bytes_per_parameter(n, state_bytes=8)) < 1e-3 for x in held[n])  # padding < N elements
+print(f"with Adam's 12 bytes of state the formula gives {zero_bytes_per_parameter(64):.2f} bytes at N = 64, "
+      f"against {zero_bytes_per_parameter(1):.0f} at N = 1")  # fmt: skip
+
+fig, ax = plt.subplots(figsize=(6, 3.2))
+ns = np.array([1, 2, 4, 8, 16])
+ax.plot(ns, [zero_bytes_per_parameter(n, 8) for n in ns], "k--", label="2 + 2 + 8/N (SGD, momentum)")
+ax.plot(ns, [zero_bytes_per_parameter(n, 12) for n in ns], "k:", label="2 + 2 + 12/N (Adam)")
+ax.plot(list(held), [v[0] for v in held.values()], "o", ms=8, label="measured on rank 0 (SGD)")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("ranks N")
+ax.set_ylabel("bytes per parameter per rank")
+ax.set_title("ZeRO-1: model states held by each rank", fontsize=9)
+ax.grid(alpha=0.3)
+ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(OUT / "09_zero_memory.png", dpi=110)
+
+# %% [markdown]
+# Sharding changes who computes each element's update, not its arithmetic, which is elementwise:
+# the masters and moments gathered from the ZeRO ranks are those of the replicated run, bit for bit.
+
+# %%
+zero = run(2, "--steps", "6", "--zero")
+replicated = run(2, "--steps", "6")
+for key in replicated[0]["arrays"]:
+    assert np.array_equal(zero[0]["arrays"][key], replicated[0]["arrays"][key]), key
+print("ZeRO's gathered masters and moments equal the replicated run's:", list(replicated[0]["arrays"]))
+
+# %% [markdown]
+# ## 5. Two ranks are one process accumulating two micro-batches
+#
+# Each rank takes its half of every batch. One process that computes the gradients of the two
+# halves one after the other (`--micro-batches 2`) and sums them in the same order, in the same
+# dtype, performs exactly the same arithmetic: the results are bit-identical. One process with
+# the whole batch is not: the sum over the batch then happens inside the matrix product, in
+# BLAS's order, so the two runs agree within float32 rounding, not bit for bit.
+
+# %%
+(two, _) = run(2, "--steps", "8")
+(one,) = run(1, "--steps", "8", "--micro-batches", "2")
+(whole,) = run(1, "--steps", "8")
+assert two["loss"] == one["loss"] and two["fingerprints"] == one["fingerprints"]
+w2, w1 = two["arrays"]["masters"].astype(np.float64), whole["arrays"]["masters"].astype(np.float64)
+gap = np.max(np.abs(w2 - w1)) / np.max(np.abs(w1))
+print(f"2 ranks vs 1 process x 2 micro-batches: identical; vs 1 process x whole batch: masters within {gap:.1e} "
+      "of the largest")  # fmt: skip
+assert 0 < gap < 2.0**-8
+
+shutil.rmtree(WORK, ignore_errors=True)
+
+# %% [markdown]
+# ## Summary
+#
+# - Sum gradients across ranks in FP32: an FP16 sum overflows where the mean cannot, the more
+#   so the more ranks; pre-dividing by N trades that overflow for small values lost.
+# - Every rank must take one overflow decision: all-reduce found_inf (MAX) before the skip.
+#   Without it, one rank skips, another steps with the inf, and the replicas part for good.
+# - ZeRO-1 shards the 12 bytes of FP32 state per parameter across ranks, $2 + 2 + 12/N$ bytes
+#   each, and changes no bit of the result.
+# - Data parallelism over N ranks is gradient accumulation over N micro-batches, bit for bit,
+#   when the sum has the same order and dtype.
+#
+# `mpiexec -n 2 python -m tinyamp.distributed --zero` trains with all of it and prints a table
+# per rank; `benchmarks/distributed_step.py` times a step and its communication.
