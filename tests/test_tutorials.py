@@ -1,8 +1,9 @@
 """The tutorials: each runs top to bottom as a script, asserts what it teaches, and writes its figures.
 
-Every ``tutorials/NN_*.py`` runs in a fresh interpreter (as a reader would run it), with its
-figures sent to a temporary folder through TINYAMP_TUTORIAL_OUT.  The files are also checked
-for the jupytext "percent" cell format that lets editors step through them cell by cell.
+Every ``tutorials/NN_*.py`` and every appendix ``tutorials/AN_*.py`` runs in a fresh interpreter (as a
+reader would run it), with its figures sent to a temporary folder through TINYAMP_TUTORIAL_OUT.  The
+files are also checked for the jupytext "percent" cell format that lets editors step through them cell
+by cell, and the syllabus (tutorials/README.md) for listing each one with its questions.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import tinyamp
 pytestmark = pytest.mark.docs
 
 ROOT = Path(__file__).resolve().parents[1]
-TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
+NUMBERED = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
+APPENDICES = sorted((ROOT / "tutorials").glob("A[0-9]_*.py"))  # after the numbered ones, in the same CI run
+TUTORIALS = NUMBERED + APPENDICES
 NAMES = [p.name for p in TUTORIALS]
 CELL_MARKERS = ("# %%", "# %% [markdown]")
 TIMEOUT_S = 300  # each tutorial takes seconds; this only stops a hung one
@@ -37,9 +40,18 @@ def cells(path: Path) -> list[tuple[str, list[str]]]:
 
 
 def test_the_tutorials_are_all_there() -> None:
-    assert len(TUTORIALS) >= 8, f"expected at least 8 tutorials in tutorials/, found {NAMES}"
-    numbers = [name[:2] for name in NAMES]
+    assert len(NUMBERED) >= 8, f"expected at least 8 numbered tutorials in tutorials/, found {NAMES}"
+    assert APPENDICES, f"expected the appendix A1_*.py in tutorials/, found {NAMES}"
+    numbers = [name[:2] for name in NAMES]  # also the prefix of each one's figures
     assert len(set(numbers)) == len(numbers), f"two tutorials share a number: {NAMES}"
+
+
+def test_the_syllabus_lists_every_tutorial_with_questions_and_answers() -> None:
+    syllabus = (ROOT / "tutorials" / "README.md").read_text(encoding="utf-8")
+    missing = [name for name in NAMES if f"`{name}`" not in syllabus]
+    assert not missing, f"tutorials/README.md does not list {missing}"
+    answers = syllabus.count("<details>")
+    assert answers >= len(NAMES) and answers == syllabus.count("</details>"), f"{answers} <details> blocks"
 
 
 # Tutorial 7 measures peak memory with the engine room's casts, which convert in cache-sized

@@ -1,11 +1,12 @@
 # %% [markdown]
-# # 1. Floating-point formats: FP32, FP16 and BF16, bit by bit
+# # 1. Floating-point formats and FP16 arithmetic: FP32, FP16 and BF16, bit by bit
 #
 # Mixed-precision training stores and computes with 16-bit numbers where it can and keeps
 # 32-bit numbers where it must. Every rule of it (FP32 master weights, loss scaling, which ops
 # stay in FP32) follows from three facts about a floating-point format: how large a number it
 # can hold, how small, and how far apart its neighbouring values are. This tutorial takes
-# those facts apart on the bits themselves.
+# those facts apart on the bits themselves, and then applies them to the two operations a
+# network spends its time on: products, and the sums that add them up.
 #
 # You will learn:
 #
@@ -17,9 +18,19 @@
 # - the unit in the last place (ulp) at a value, and why an addend smaller than half the gap to
 #   the next value in its direction disappears: $2048 + 1 = 2048$, but $2048 - 0.6 = 2047$, and a
 #   running sum of 0.01 stops growing at 32;
-# - how one FP32 addition rounds a value to FP16, the trick behind fast software converters.
+# - why the product of two FP16 numbers is exact in FP32, and why a matrix product of FP16
+#   matrices accumulates in FP32 and rounds once: what every later tutorial's FP16 matmul does.
 #
-# Time: about 3.5 seconds to run, 20 minutes to read.
+# How a converter rounds FP32 to FP16 with one FP32 addition, bit by bit, is the subject of the
+# appendix, `A1_inside_the_converters.py`.
+#
+# The products of sections 6 and 7 run on one BLAS thread (`threadpool_limits(1)` below):
+# OpenBLAS splits the work of a product differently for each thread count, so its float32 sums
+# would round differently and the numbers printed here would depend on the machine.
+#
+# Prerequisites: Python and NumPy; nothing about floating point.
+#
+# Time: about 6 s of CPU to run (14 s wall-clock on a busy shared 2-core machine), 30 minutes to read.
 
 # %%
 import os
@@ -27,13 +38,18 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from threadpoolctl import threadpool_limits
 
+import tinyamp as ta
 from tinyamp.amp import formats
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 OUT = Path(os.environ.get("TINYAMP_TUTORIAL_OUT", HERE / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
+# One BLAS thread: with another thread count OpenBLAS splits each product's sums differently, and
+# the float32 results round differently (and on a busy machine, threads wait for each other).
+threadpool_limits(1)
 
 FP16, BF16, FP32 = (formats.get_format(name) for name in ("float16", "bfloat16", "float32"))
 
@@ -142,18 +158,8 @@ for f in (FP16, BF16, FP32):
 #   is not a BF16 value: with 7 mantissa bits its neighbours there are 65280 and 65536.
 #
 # BF16 is exactly the upper half of FP32: same sign, same exponent, the first 7 of FP32's 23
-# mantissa bits. Converting FP32 to BF16 therefore means rounding away the low 16 bits.
-
-# %%
-for x in (1.0, -2.5, 0.1, 1 / 3, 1e5):
-    bits32 = int(np.float32(x).view(np.uint32))
-    bits16 = int(np.asarray(formats.round_to(x, "bfloat16")).astype(BF16.dtype).view(np.uint16))
-    low = bits32 & 0xFFFF
-    # round to nearest, ties to even, on the discarded 16 bits
-    rounded_up = low > 0x8000 or (low == 0x8000 and (bits32 >> 16) & 1)
-    direction = "up" if rounded_up else "down"
-    print(f"{x!r:>20}: FP32 {bits32:08x}  BF16 {bits16:04x}  (low half {low:04x}, rounded {direction})")
-    assert bits16 == (bits32 >> 16) + rounded_up
+# mantissa bits, so converting FP32 to BF16 means rounding away the low 16 bits (the appendix
+# does it on the bits).
 
 # %% [markdown]
 # ## 3. Rounding: to nearest, ties to even
@@ -409,52 +415,231 @@ assert x16.max() <= FP16.max < drawn_ulp["float32"][0].max() == drawn_ulp["bfloa
 # BF16's $2^{3} = 8$ times above it. FP16's line turns flat where the subnormals begin and ends at
 # 65504; BF16 and FP32 continue far beyond both edges of the plot.
 #
-# ## 6. Rounding with one addition
-#
-# The ruler explains a trick that fast software FP16 converters use. Adding $x$ to a much larger
-# number $B$ rounds $x$ to the ulp of $B$. For $2^E \le |x| < 2^{E+1}$ FP16's ulp is $2^{E-10}$,
-# and FP32's ulp at $B = 2^{E+13}$ is $2^{E+13-23} = 2^{E-10}$: the same. So in FP32 arithmetic
-# $(|x| + B) - B$ is $|x|$ rounded to FP16, by the hardware's own round to nearest, ties to
-# even. Below $2^{-14}$ FP16's ulp stops shrinking at $2^{-24}$, so $B$ stops at $2^{-1}$.
-# No branch, no loop over elements: this is how tinyamp rounds arrays, in
-# `tinyamp/rounding.py` (it reads the bits of the sum instead of subtracting $B$), the reference
-# that `tinyamp.kernels.cast` runs. The engine room runs the same formula with the same bits in
-# two other ways: in cache-sized blocks of NumPy passes, or as a loop over single elements
-# compiled by numba when it is installed (`tinyamp/fast/casts.py`). This tutorial checks their
-# bits, not their speed: `benchmarks/cast_speed.py` measures how fast each one runs on your machine.
+# **In PyTorch.** `torch.float16` and `torch.bfloat16` are the same IEEE 754 formats, so the
+# lesson carries over bit for bit. The optional cell below (it needs PyTorch, and without it
+# prints one line) checks that: PyTorch's format limits (`torch.finfo`), its rounding of the 400
+# values of the ulp check above to FP16 and BF16, its ulp (`torch.nextafter` minus the value), and
+# its $2048 + 1$ and $2048 - 0.6$ are the ones computed here.
 
 # %%
-from tinyamp.rounding import round_to_float16  # noqa: E402
+try:
+    import torch
+except ImportError:
+    torch = None
+
+if torch is None:
+    print("PyTorch is not installed: the comparison with torch.float16 is skipped")
+else:
+    for f, t_dtype in ((FP16, torch.float16), (BF16, torch.bfloat16)):
+        info = torch.finfo(t_dtype)
+        assert (info.max, info.smallest_normal, info.eps) == (f.max, f.min_normal, f.epsilon), f.name
+    x32 = samples.astype(np.float32)
+    t16 = torch.from_numpy(x32).to(torch.float16)
+    same_bits16 = np.array_equal(t16.view(torch.int16).numpy(), x32.astype(np.float16).view(np.int16))
+    bf16_torch = torch.from_numpy(x32).to(torch.bfloat16).double().numpy()
+    same_bf16 = np.array_equal(bf16_torch, formats.round_to(x32, "bfloat16"))
+    ulp_torch = (torch.nextafter(t16, torch.tensor(np.inf, dtype=torch.float16)) - t16).double().numpy()
+    same_ulp = np.array_equal(ulp_torch, [formats.ulp(x, "float16") for x in x32])
+    w16 = torch.tensor(2048.0, dtype=torch.float16)
+    plus_1, minus_06 = w16 + torch.tensor(1.0, dtype=torch.float16), w16 - torch.tensor(0.6, dtype=torch.float16)
+    print(f"torch {torch.__version__}: the same FP16 bits {same_bits16}, BF16 values {same_bf16}, ulps {same_ulp}; "
+          f"2048 + 1 = {plus_1.item()}, 2048 - 0.6 = {minus_06.item()}")  # fmt: skip
+    assert same_bits16 and same_bf16 and same_ulp and plus_1.item() == 2048 and minus_06.item() == 2047
+
+# %% [markdown]
+# ## 6. A product of two FP16 numbers is exact in FP32
+#
+# So far, additions. A network spends its time in matrix products: multiplications, and sums of
+# their results. A normal FP16 number has 11 significant bits (10 stored, plus the implicit
+# leading 1): it is an integer $m < 2^{11}$ times a power of two. The product of two such numbers
+# is $m_1 m_2 < 2^{22}$ times a power of two, so it needs at most 22 significant bits, and FP32
+# has 24. Its exponent range is no problem either: the products lie between $2^{-48}$ and
+# $65504^2 \approx 4.3 \times 10^9$, all normal FP32 numbers. So a multiplier with FP32 output
+# makes no rounding error at all.
+#
+# We check it on 200,000 random pairs of finite FP16 bit patterns (every exponent, subnormals
+# included): the FP32 product equals the float64 product, which is exact here.
+
+# %%
+F16, F32, F64 = np.float16, np.float32, np.float64
 
 
-def round_by_addition(x: np.ndarray) -> np.ndarray:
-    """float32 values rounded to FP16 precision (still float32), with one addition."""
-    magnitude = np.abs(x)
-    _, e = np.frexp(magnitude)  # magnitude = m * 2^e with 1/2 <= m < 1, so E = e - 1
-    big = np.ldexp(np.float32(1), np.maximum(e - 1, -14) + 13).astype(np.float32)
-    return np.copysign((magnitude + big) - big, x)  # float32 + float32: rounded by the FPU
+def bits16(a: np.ndarray) -> np.ndarray:
+    """The bit patterns of a float16 array: equal bits is bit-exact equality (-0.0 differs from 0.0)."""
+    return np.ascontiguousarray(a).view(np.uint16)
 
 
 rng = np.random.default_rng(0)
-ties = np.array([2049, 2051, 1 + 2**-11, 1 + 3 * 2**-11, 3 * 2**-25, 2**-25, 0], np.float32)
-samples = np.concatenate([ties, -ties, rng.standard_normal(100_000) * 10.0 ** rng.integers(-9, 4, 100_000)])
-samples = samples[np.abs(samples) < 65520].astype(np.float32)  # beyond: inf, a case of its own
-by_addition = round_by_addition(samples)
-print(f"fp16(2049) by addition: {by_addition[0]},  fp16(3 * 2^-25): {by_addition[4]:.3e} = 2^-23")
-assert np.array_equal(by_addition, samples.astype(np.float16).astype(np.float32))  # every value, every tie
-assert np.array_equal(round_to_float16(samples), samples.astype(np.float16))  # tinyamp's: the same bits
+n_pairs = 200_000
+patterns = rng.integers(0, 0x7C00, size=(2, n_pairs), dtype=np.uint16)  # finite magnitudes
+patterns |= rng.integers(0, 2, size=(2, n_pairs), dtype=np.uint16) << 15  # random signs
+a16, b16 = patterns.view(F16)
+p32 = a16.astype(F32) * b16.astype(F32)
+p64 = a16.astype(F64) * b16.astype(F64)
 
-# The engine room's two implementations of the formula, side by side: the NumPy passes always,
-# the compiled loop when numba is installed (`casts.active_kernels()` says which runs).
-from tinyamp.fast import casts  # noqa: E402
 
-for implementation in casts.KERNELS:
-    try:
-        with casts.kernels(implementation):
-            assert np.array_equal(casts.round_to_float16(samples), samples.astype(np.float16))
-        print(f"{implementation:5s}: the same bits as NumPy's astype on {samples.size} values")
-    except ImportError as why:  # numba not installed: the NumPy passes run
-        print(f"{implementation:5s}: not available here ({why})")
+def significant_bits(x: np.ndarray) -> np.ndarray:
+    """How many significant bits each nonzero float64 value needs (53 minus trailing zero bits)."""
+    mantissa, _ = np.frexp(np.abs(x[x != 0]))
+    m = (mantissa * 2.0**53).astype(np.int64)
+    trailing = np.zeros_like(m)
+    while np.any(m % 2 == 0):
+        even = m % 2 == 0
+        m[even] //= 2
+        trailing[even] += 1
+    return 53 - trailing
+
+
+needed = significant_bits(p64)
+with np.errstate(over="ignore"):
+    rounds_in_fp16 = np.mean(p64.astype(F16).astype(F64) != p64)
+print(f"FP32 product == exact product for all {n_pairs:,} pairs: {bool(np.all(p32.astype(F64) == p64))}")
+print(f"most significant bits any product needed: {needed.max()} (FP32 holds 24)")
+print(f"share of the products FP16 itself would have to round: {rounds_in_fp16:.1%}")
+assert np.all(p32.astype(F64) == p64)
+assert needed.max() == 22 and rounds_in_fp16 > 0.9
+
+x = F16(2047 / 1024)  # 1.9990234375: all 11 significant bits set
+print(f"\n{x} * {x}: exact {float(x) * float(x)!r}, FP32 {float(F32(x) * F32(x))!r}, FP16 {float(x * x)!r}")
+assert float(F32(x) * F32(x)) == float(x) ** 2 != float(x * x)
+
+# %% [markdown]
+# ## 7. Sums: accumulate in FP32, round once
+#
+# The products are exact; their sum is where FP16 would fail. A running sum meets the wall of
+# section 5: it grows, FP16's spacing grows with it (from 1024 on it is 1, from 2048 on it is 2),
+# and a term smaller than half the spacing is lost. Products of numbers in $[0, 1)$ average 0.25;
+# once a sum of them passes 512 the spacing is 0.5, and each FP16 addition rounds by up to 0.25,
+# the size of a typical term.
+#
+# So mixed precision multiplies FP16 matrices with FP32 accumulation: widen both FP16 operands
+# to FP32 (exact), multiply and add in FP32, and round the FP32 result to FP16 once. NVIDIA's
+# Tensor Cores offer this mode (they also have modes that accumulate in FP16), and it is what
+# tinyamp's FP16 matmul computes on any machine, `tinyamp.kernels.product`: NumPy has no FP16
+# matrix product in its BLAS, so tinyamp widens, calls the FP32 routine (sgemm) and rounds once.
+# It is the idealized model of a Tensor Core product, not the hardware's bits: Fasi et al. (2021,
+# "Numerical behavior of NVIDIA tensor cores", PeerJ Computer Science) show that real Tensor
+# Cores do not add as IEEE 754 FP32 arithmetic does (within a block of products they align the
+# significands to the largest and truncate, rather than round each addition to nearest), so
+# their results can differ from the model's in the last bits. Every FP16 matmul of the later
+# tutorials, and every FP16 linear layer under autocast, is this one.
+#
+# First, the output of tinyamp's matmul has exactly the bits of that recipe written out by hand.
+# (The order of sgemm's additions is the BLAS library's, so the bits are those of this NumPy's
+# sgemm; the few that differ from the correctly rounded product show where the FP32 additions
+# rounded.)
+
+# %%
+A = rng.standard_normal((64, 512)).astype(F16)
+B = rng.standard_normal((512, 48)).astype(F16)
+out = ta.matmul(ta.tensor(A), ta.tensor(B))
+by_hand = (A.astype(F32) @ B.astype(F32)).astype(F16)
+correctly_rounded = (A.astype(F64) @ B.astype(F64)).astype(F16)
+print(f"tinyamp matmul output dtype: {out.dtype}")
+print(f"bit-identical to widen + sgemm + round once: {np.array_equal(bits16(out.numpy()), bits16(by_hand))}")
+off = int(np.sum(bits16(out.numpy()) != bits16(correctly_rounded)))
+print(f"elements differing from the correctly rounded exact product: {off} of {out.size} (FP32 additions)")
+assert out.dtype == np.float16
+assert np.array_equal(bits16(out.numpy()), bits16(by_hand))
+assert 0 < off < out.size // 100  # a few elements: where an FP32 addition's rounding reached the FP16 result
+
+# %% [markdown]
+# Now the accumulator's error. We compute 32 dot products of length up to 4096 three ways and
+# measure the relative error against the exact value at every length: an FP16 accumulator (each
+# addition rounded to FP16), an FP32 accumulator (each addition rounded to FP32), and tinyamp's
+# matmul (FP32 accumulation, then one rounding to FP16) at the lengths $2^k$.
+
+# %%
+trials, length = 32, 4096
+a = rng.uniform(0, 1, (trials, length)).astype(F16)
+b = rng.uniform(0, 1, (trials, length)).astype(F16)
+products = a.astype(F64) * b.astype(F64)  # exact (22 bits)
+exact_dot = np.cumsum(products, axis=1)  # float64: error ~1e-16, zero for our purpose
+
+acc16 = np.zeros(trials, F16)
+prefix16 = np.empty((trials, length))
+for i in range(length):  # an FP16 accumulator: every addition rounded to FP16
+    acc16 = (acc16.astype(F64) + products[:, i]).astype(F16)
+    prefix16[:, i] = acc16
+prefix32 = np.cumsum(products.astype(F32), axis=1, dtype=F32)  # an FP32 accumulator, unrounded
+
+lengths = 2 ** np.arange(13)  # 1 .. 4096
+tiny_err = []
+for n in lengths:
+    y = ta.matmul(ta.tensor(a[:, None, :n]), ta.tensor(b[:, :n, None])).numpy()[:, 0, 0]
+    tiny_err.append(np.max(np.abs(y.astype(F64) - exact_dot[:, n - 1]) / exact_dot[:, n - 1]))
+tiny_err = np.array(tiny_err)
+err16 = np.max(np.abs(prefix16 - exact_dot) / exact_dot, axis=0)
+err32 = np.max(np.abs(prefix32.astype(F64) - exact_dot) / exact_dot, axis=0)
+print(f"{'length':>6}  {'FP16 accumulator':>16}  {'FP32 accumulator':>16}  {'tinyamp (FP32 acc, FP16 out)':>28}")
+for n, e in zip(lengths, tiny_err):
+    print(f"{n:>6}  {err16[n - 1]:>16.2e}  {err32[n - 1]:>16.2e}  {e:>28.2e}")
+
+assert err16[-1] > 10 * tiny_err[-1]  # FP16 accumulation: an error no output rounding explains
+assert np.all(tiny_err <= 2.0**-11 + err32[lengths - 1])  # half an FP16 ulp, plus the FP32 sum's error
+assert 0.02 < err16[-1] < 0.2 and err16[-1] > 10 * err16[63]  # grows with the length, to several percent
+assert np.all(err32 < 1e-5) and err32[-1] > 1e-7  # the FP32 accumulator: near 1e-6 at 4096 terms
+
+ones = np.ones((1, 4096), F16)
+via_tinyamp = ta.matmul(ta.tensor(ones), ta.tensor(ones.T)).item()
+ones_running16 = np.cumsum(ones[0], dtype=F16)[-1]
+print(f"\n4096 ones: tinyamp matmul {via_tinyamp}, FP16 accumulator {ones_running16}")
+assert via_tinyamp == 4096.0 and ones_running16 == 2048.0
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+n_axis = np.arange(1, length + 1)
+ax.loglog(n_axis, err16, label="FP16 accumulator")
+ax.loglog(n_axis, np.where(err32 > 0, err32, np.nan), label="FP32 accumulator (no final rounding)")
+ax.loglog(lengths, tiny_err, "o", label="tinyamp matmul: FP32 accumulate, round once to FP16")
+ax.axhline(2.0**-11, color="gray", ls=":", lw=1, label="half an FP16 ulp, relative (2^-11)")
+ax.set_xlabel("dot product length")
+ax.set_ylabel("max relative error (32 dot products)")
+ax.set_ylim(1e-9, 1)
+ax.set_title("Products of FP16 numbers in [0, 1): where the sum is kept matters", fontsize=9)
+ax.grid(alpha=0.3, which="both")
+ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(OUT / "01_dot_product_error.png", dpi=110)
+# What the figure shows: every point drawn lies inside the axes; at length 1 the FP16 accumulator
+# and tinyamp's matmul are the same single rounding of one product, and from length 8 on the FP16
+# accumulator's curve lies above every tinyamp point.
+drawn = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+drawn16, drawn_tiny = drawn["FP16 accumulator"], drawn["tinyamp matmul: FP32 accumulate, round once to FP16"]
+assert drawn16[0] == drawn_tiny[0] and np.all(drawn16[lengths[3:] - 1] > drawn_tiny[3:])
+assert min(err32[err32 > 0].min(), tiny_err.min()) > 1e-9 and err16.max() < 1  # the first FP32 error, 0, is not drawn
+fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
+
+# %% [markdown]
+# The FP16 accumulator's error grows with the length, to several percent at 4096 terms; the
+# FP32 accumulator's stays near $10^{-6}$, so rounding its result once to FP16 gives an answer
+# within half an FP16 ulp of the exact one (plus that $10^{-6}$): as good as FP16 can represent.
+# That is the whole numerical case for FP16 matrix products with FP32 accumulation, and why
+# tinyamp's reductions (`sum`, `mean`) of FP16 tensors accumulate in FP32 as well.
+#
+# **In PyTorch.** PyTorch's CPU matmul of `torch.float16` tensors also accumulates in FP32. The
+# optional cell checks it on the same data: 4096 ones sum to 4096, and the 32 dot products of
+# length 4096 are within half an FP16 ulp (plus the FP32 sum's error) of the exact values, far
+# from the FP16 accumulator's error. Its bits need not be tinyamp's: its FP32 additions run in
+# another order, so a few elements of the 64 x 48 product above round differently, by one FP16 ulp.
+
+# %%
+if torch is None:
+    print("PyTorch is not installed: the comparison with PyTorch's float16 matmul is skipped")
+else:
+    torch.set_num_threads(1)  # as the BLAS above: one thread, the same sums on every machine
+    ones_t = torch.ones((1, 4096), dtype=torch.float16)
+    ones_torch = (ones_t @ ones_t.T).item()
+    dots_t = (torch.from_numpy(a)[:, None, :] @ torch.from_numpy(b)[:, :, None]).numpy()[:, 0, 0]
+    err_torch = np.max(np.abs(dots_t.astype(F64) - exact_dot[:, -1]) / exact_dot[:, -1])
+    product_t = (torch.from_numpy(A) @ torch.from_numpy(B)).numpy()
+    differ = bits16(product_t) != bits16(out.numpy())
+    ulps_apart = np.abs(product_t.astype(F64) - out.numpy().astype(F64)) / np.spacing(np.abs(out.numpy()))
+    print(f"torch float16 matmul: 4096 ones -> {ones_torch}; relative error at 4096 terms {err_torch:.2e} "
+          f"(FP16 accumulator: {err16[-1]:.2e}); {differ.sum()} of {differ.size} elements differ from tinyamp's, "
+          f"by at most {ulps_apart.max():g} FP16 ulp")  # fmt: skip
+    assert ones_torch == 4096.0 and err_torch <= 2.0**-11 + err32[-1] and err16[-1] > 10 * err_torch
+    assert differ.mean() < 0.01 and ulps_apart.max() <= 1
 
 # %% [markdown]
 # ## Summary
@@ -468,6 +653,11 @@ for implementation in casts.KERNELS:
 #   between the value it is added to and that value's neighbour in the addend's direction (half
 #   an ulp; toward zero from a normal power of two above $2^{-14}$, a quarter of one); one of
 #   exactly half is a tie that goes to the even neighbour.
+# - An FP16 x FP16 product needs at most 22 significant bits: exact in FP32. Accumulating a long
+#   dot product in FP16 loses the sum (4096 ones stop at 2048); FP32 accumulation rounded once
+#   keeps the result within half an FP16 ulp. tinyamp's FP16 matmul is widen + sgemm + round
+#   once, bit for bit: the idealized model of a Tensor Core product (the hardware's own
+#   additions can differ in the last bits: Fasi et al. 2021). Tutorial 8 measures its speed.
 #
 # The two failures of FP16 training follow directly. Gradients at or below $2^{-25}$ vanish
 # (underflow; fixed by loss scaling), and a weight update can vanish once its weight is 2048 times

@@ -15,7 +15,8 @@
 #   next FP16 value in its direction does not change the weight (tutorial 1). We count the lost
 #   updates over a training run and compare the loss curves.
 #
-# Tutorial 1 explained the formats; here we see their limits on a network that learns.
+# Tutorial 1 explained the formats and the arithmetic of FP16 products; here we see their limits
+# on a network that learns.
 # Tutorials 4 and 5 repair the last two failures; tutorial 6 explains the op policy that
 # avoids the first.
 #
@@ -23,7 +24,10 @@
 # a product differently for each thread count, so its float32 sums would round differently and
 # the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
 #
-# Time: about 6.5 seconds to run, 25 minutes to read.
+# Prerequisites: tutorial 1 (sections 4 to 7: underflow, the ulp and lost additions, FP16 products)
+# and tutorial 2 (section 3, the dtype of a gradient).
+#
+# Time: about 6 s of CPU to run (9 s wall-clock on a busy shared 2-core machine), 30 minutes to read.
 
 # %%
 import contextlib
@@ -78,10 +82,11 @@ print(task.make_model())
 # - `model.half()` stores every weight in FP16 (2 bytes each);
 # - the forward pass runs under `autocast("float16")`, so the matrix products take FP16
 #   operands, accumulate in FP32 and round the result to FP16, the model of a GPU's Tensor
-#   Cores (tutorial 8). Autocast keeps the loss (softmax and cross-entropy) in FP32; section 2
-#   shows why;
-# - the optimizer updates the FP16 weights in place: tinyamp's SGD computes each update in FP32
-#   and rounds the new weight once to FP16. There is no FP32 copy of the weights.
+#   Cores (tutorial 1, section 7). Autocast keeps the loss (softmax and cross-entropy, with its
+#   mean over the batch) in FP32; section 2 shows why;
+# - the optimizer updates the FP16 weights in place: tinyamp's SGD keeps its momentum buffers in
+#   FP32, computes each update in FP32 and rounds the new weight once to FP16. There is no FP32
+#   copy of the weights.
 #
 # Every `MEASURE_EVERY` steps a `LostUpdateMeter` replays the optimizer's arithmetic on copies
 # and counts the weight elements whose update was nonzero but whose FP16 weight did not move.
@@ -89,7 +94,7 @@ print(task.make_model())
 
 # %%
 def train(precision):
-    """Train a fresh MLP for STEPS steps in "fp32" or "fp16"; return the model, losses and lost-update counts."""
+    """Train a fresh MLP for STEPS steps in "fp32" or "fp16"; the model, losses, lost updates, scores, optimizer."""
     model = task.make_model()  # the same initial weights every call (seeded)
     if precision == "fp16":
         model.half()
@@ -114,11 +119,11 @@ def train(precision):
             lost.append((step, changed, n_lost))
         losses.append(loss.item())
     scores = task.evaluate(model, forward_context)
-    return model, np.array(losses), np.array(lost), scores
+    return model, np.array(losses), np.array(lost), scores, opt
 
 
-model32, loss32, _, scores32 = train("fp32")
-model16, loss16, lost16, scores16 = train("fp16")
+model32, loss32, _, scores32, _ = train("fp32")
+model16, loss16, lost16, scores16, opt16 = train("fp16")
 for name, scores in (("fp32", scores32), ("fp16", scores16)):
     print(f"{name}: loss on the training set {scores['train_loss']:.5f}, test accuracy {scores['accuracy']:.2%}")
 
@@ -126,6 +131,64 @@ for name, scores in (("fp32", scores32), ("fp16", scores16)):
 # FP16 trained: the test accuracy is within a point of FP32's. But its training loss ended
 # higher. The rest of this tutorial takes the trained FP16 network apart to see why, and what
 # else went wrong on the way.
+#
+# Before taking it apart: "everything in FP16" is FP16 *storage* and FP16 *arithmetic in the
+# layers*, not FP16 everywhere. We replay one step on a copy of the trained network and
+# optimizer (the trained ones stay untouched for the sections below) and check each part: the
+# weights, the first layer's output (FP16, with exactly the bits of FP32 accumulation rounded
+# once), the loss, the weight gradients, the momentum buffers, and the update, which must be the
+# FP32 arithmetic of SGD rounded once into the FP16 weight.
+
+# %%
+model_c, opt_c = copy.deepcopy((model16, opt16))  # one copy of both: the optimizer holds the copy's weights
+opt_c.lr = task.lr_at(0, STEPS)  # the full learning rate, 0.05, so that the update is not near 0
+x_batch, y_batch = next(task.batches(start=STEPS))
+first = model_c[0]
+with autocast("float16"), ta.no_grad():
+    h1 = first(x_batch).numpy()
+# the layer's FP16 operands (autocast rounds the FP32 input), widened exactly to FP32
+x16, w16, b16 = (a.astype(np.float16).astype(np.float32) for a in (x_batch.numpy(), first.weight.data, first.bias.data))
+fp32_accumulated = (x16 @ w16.T + b16).astype(np.float16)
+fp16_accumulated = np.zeros_like(h1)
+for k in range(x16.shape[1]):  # the same exact products, summed by an FP16 accumulator: each addition rounded
+    fp16_accumulated = (fp16_accumulated.astype(np.float32) + x16[:, k : k + 1] * w16[:, k]).astype(np.float16)
+fp16_accumulated = (fp16_accumulated.astype(np.float32) + b16).astype(np.float16)
+
+opt_c.zero_grad()
+with autocast("float16"):
+    loss_c = task.loss(model_c, (x_batch, y_batch))
+loss_c.backward()
+w_before = [p.data.copy() for p in opt_c.params]
+buf_before = [s["momentum_buffer"].copy() for s in opt_c.state]
+opt_c.step()
+replayed = []  # SGD with momentum in FP32, as optim/sgd.py writes it, rounded once to FP16
+for p, w, buf in zip(opt_c.params, w_before, buf_before):
+    buf = buf * opt_c.momentum + p.grad.astype(np.float32)
+    replayed.append(np.array_equal(p.data, (w.astype(np.float32) - opt_c.lr * buf).astype(np.float16)))
+
+parts = {
+    "weights": {p.dtype.name for p in opt_c.params},
+    "first layer's output": {h1.dtype.name},
+    "loss (softmax, cross-entropy, mean)": {loss_c.dtype.name},
+    "weight gradients": {p.grad.dtype.name for p in opt_c.params},
+    "momentum buffers": {s["momentum_buffer"].dtype.name for s in opt_c.state},
+}
+for part, dtypes_seen in parts.items():
+    print(f"{part:<36} {', '.join(sorted(dtypes_seen))}")
+differ16 = int(np.sum(fp16_accumulated != fp32_accumulated))
+print(f"first layer: the bits of FP32 accumulation rounded once: {np.array_equal(h1, fp32_accumulated)}; "
+      f"an FP16 accumulator would differ in {differ16} of {h1.size} outputs")  # fmt: skip
+print(f"update = FP32 SGD with momentum rounded once to FP16, for all {len(replayed)} parameters: {all(replayed)}")
+assert parts["weights"] == parts["first layer's output"] == parts["weight gradients"] == {"float16"}
+assert parts["loss (softmax, cross-entropy, mean)"] == parts["momentum buffers"] == {"float32"}
+assert np.array_equal(h1.view(np.uint16), fp32_accumulated.view(np.uint16)) and differ16 > 0
+assert all(replayed)
+
+# %% [markdown]
+# So the fp16 regime already keeps three things in FP32: the accumulation inside every matrix
+# product, the loss, and the optimizer's momentum and update arithmetic. What it keeps in FP16 is
+# every weight, every layer's output and the gradients of both, and the failures below come from
+# those.
 #
 # ## 2. Forward: overflow
 #

@@ -21,7 +21,10 @@
 # a product differently for each thread count, so its float32 sums would round differently and
 # the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
 #
-# Time: about 11 seconds to run, 20 minutes to read.
+# Prerequisites: tutorial 1 (section 5, the ulp and the additions that are lost) and tutorial 3
+# (section 4, lost updates in training).
+#
+# Time: about 13 s of CPU to run (21 s wall-clock on a busy shared 2-core machine), 25 minutes to read.
 
 # %%
 import contextlib
@@ -208,6 +211,51 @@ assert 0 < moves < 200  # ... yet the FP16 copy moves whenever the master crosse
 # master crosses a rounding boundary. Without the master, 200 steps of training left the weight
 # exactly where it started.
 #
+# **In PyTorch.** `torch.amp` keeps no master weights: neither `torch.autocast` nor `GradScaler`
+# makes an FP32 copy of an FP16 parameter. The PyTorch recipe keeps the parameters themselves in
+# FP32, so that they *are* the master copy: the optimizer updates them in FP32, and autocast casts
+# each one to FP16 inside the ops it lowers (keeping the FP16 copy in a cache until the autocast
+# region ends), so the forward computes with FP16 weights while the gradient flows back through
+# the cast into an FP32 `.grad`. Call `model.half()` and train with a plain optimizer, and nothing
+# keeps the small updates: that is tutorial 3's fp16 regime. The optional cell runs the experiment
+# above in PyTorch (it needs PyTorch; without it, it prints one line): an FP16 parameter is still
+# 1 after the 200 updates, and an FP32 parameter ends at the value of tinyamp's FP32 master, bit
+# for bit. Then an FP32 `Linear` under `torch.autocast`: an FP16 output, an FP32 weight and an
+# FP32 gradient.
+
+# %%
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def torch_one_weight_run(dtype):
+    """Section 2's experiment with torch.optim.SGD: w = 1, gradient -1, lr 1e-4, 200 steps."""
+    w = torch.nn.Parameter(torch.ones(1, dtype=dtype))
+    opt = torch.optim.SGD([w], lr=1e-4)
+    for _ in range(200):
+        w.grad = torch.full((1,), -1.0, dtype=dtype)
+        opt.step()
+    return w.detach()
+
+
+if torch is None:
+    print("PyTorch is not installed: the comparison with torch.amp is skipped")
+else:
+    w16_torch, w32_torch = torch_one_weight_run(torch.float16), torch_one_weight_run(torch.float32)
+    layer = torch.nn.Linear(4, 3)  # FP32 parameters, as PyTorch keeps them
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = layer(torch.randn(2, 4))
+    out.float().sum().backward()
+    print(f"torch, FP16 parameter: {w16_torch.item()}; FP32 parameter: {w32_torch.item():.7f} "
+          f"(tinyamp's master: {master.data[0]:.7f}); under autocast: output {out.dtype}, "
+          f"weight {layer.weight.dtype}, its gradient {layer.weight.grad.dtype}")  # fmt: skip
+    assert w16_torch.item() == w_plain.data[0] == 1.0  # every update lost, as in tinyamp
+    assert np.array_equal(w32_torch.numpy().view(np.uint32), master.data.view(np.uint32))  # the same FP32 bits
+    assert out.dtype == torch.float16 and layer.weight.dtype == layer.weight.grad.dtype == torch.float32
+
+# %% [markdown]
 # ## 3. Master weights on the digits MLP
 #
 # Now the network of tutorial 3, the same 64-256-256-10 MLP with the same optimizer settings,

@@ -20,7 +20,10 @@
 # a product differently for each thread count, so its float32 sums would round differently and
 # the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
 #
-# Time: about 5 seconds to run, 20 minutes to read.
+# Prerequisites: tutorial 1 (section 4, underflow), tutorial 3 (section 3, gradients that underflow)
+# and tutorial 4 (`MasterWeights`, whose FP32 gradients the scaler unscales).
+#
+# Time: about 7 s of CPU to run (8 s wall-clock on a busy shared 2-core machine), 25 minutes to read.
 
 # %%
 import os
@@ -364,6 +367,47 @@ assert machine.complete and made <= arrows, made - arrows
 # and PyTorch's rule, which has no floor, never enters at_floor, while jmp's (floor 1) does
 assert "at_floor" not in scaler_state_machine("pytorch").states and "at_floor" in scaler_state_machine("jmp").states
 fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
+
+# %% [markdown]
+# **In PyTorch.** `torch.amp.GradScaler` is this machine without the floor and the ceiling, which
+# is tinyamp's `pytorch` preset. The optional cell (it needs PyTorch; without it, it prints one
+# line) drives a real `GradScaler` through the event sequence of the table above: a tiny model's
+# backward, with an inf written into a gradient on each overflow step, then `scaler.step` and
+# `scaler.update`. Its scale after every step, and its growth tracker at the end, must be those
+# of `LossScaler.preset("pytorch")` with the same start and interval (which, with no ceiling,
+# reaches $2^7$ where the hand-driven scaler stopped at $2^6$), and every step with an inf must
+# leave the parameter untouched.
+
+# %%
+try:
+    import torch
+except ImportError:
+    torch = None
+
+if torch is None:
+    print("PyTorch is not installed: the comparison with torch.amp.GradScaler is skipped")
+else:
+    weight = torch.nn.Parameter(torch.ones(3))
+    torch_sgd = torch.optim.SGD([weight], lr=0.1)
+    grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=3)
+    ours = LossScaler.preset("pytorch", init_scale=2.0**4, growth_interval=3)
+    torch_scales, our_scales, skipped_unchanged = [], [], []
+    for found_inf in events:
+        torch_sgd.zero_grad()
+        grad_scaler.scale((2 * weight).sum()).backward()
+        if found_inf:
+            weight.grad[0] = float("inf")  # the injected overflow
+        before = weight.detach().clone()
+        grad_scaler.step(torch_sgd)
+        grad_scaler.update()
+        torch_scales.append(grad_scaler.get_scale())
+        our_scales.append(ours.update(found_inf).scale_after)
+        if found_inf:
+            skipped_unchanged.append(torch.equal(before, weight.detach()))
+    print("GradScaler:", [f"{v:g}" for v in torch_scales])
+    print("pytorch preset:", [f"{v:g}" for v in our_scales])
+    assert torch_scales == our_scales and max(our_scales) == 2.0**7  # no ceiling: past the hand scaler's 2^6
+    assert grad_scaler.state_dict()["_growth_tracker"] == ours.growth_tracker and all(skipped_unchanged)
 
 # %% [markdown]
 # ## 4. A real run: the sawtooth

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 6. The op policy: what stays in FP32, and why
 #
-# Mixed precision does not run every operation in FP16. Matrix products do, because their
-# FP16 inputs multiply exactly and are accumulated in FP32 (tutorial 8). Other operations
+# Mixed precision does not run every operation in FP16. Matrix products do, because their FP16
+# inputs multiply exactly and are accumulated in FP32 (tutorial 1, section 7). Other operations
 # would overflow, underflow or lose their sums in FP16, and `autocast` keeps them in FP32.
 # The rule for each op is a row of a table you can print and change.
 #
@@ -18,7 +18,10 @@
 # a product differently for each thread count, so its float32 sums would round differently and
 # the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
 #
-# Time: about 3 seconds to run, 15 minutes to read.
+# Prerequisites: tutorial 1 (overflow, and FP32 accumulation in section 7) and tutorial 3 (section
+# 2, a naive softmax that overflows).
+#
+# Time: about 4.6 s of CPU to run (6.5 s wall-clock on a busy shared 2-core machine), 20 minutes to read.
 
 # %%
 import os
@@ -94,6 +97,62 @@ assert set(runs) == set(DEFAULT_POLICY)  # every row of the table is run
 assert all(produced[op] == rule_gives[rule] for op, rule in DEFAULT_POLICY.items()), produced
 assert ta.exp(x16).dtype == np.float16 and x16.sum().dtype == np.float16  # outside autocast: no rule applies
 print(f"all {len(runs)} rows checked against what autocast does")
+
+# %% [markdown]
+# **In PyTorch.** `torch.autocast` applies a table of the same kind. For CUDA, PyTorch's
+# documentation ("Autocast Op Reference") and its source (`aten/src/ATen/autocast_mode.h`) list
+# the products (`matmul`, `linear`, ...) among the ops that autocast to FP16, and `softmax`,
+# `log_softmax`, `cross_entropy`, `layer_norm`, `exp`, `log`, `pow` and `sum` among those that
+# autocast to FP32: tinyamp's table, except that PyTorch's has no entry for `mean`. On a CPU,
+# which is where this cell runs, the FP32 list is shorter. The optional cell (it needs PyTorch; without it, it
+# prints one line) runs each row of the table above under `torch.autocast("cpu",
+# dtype=torch.float16)` and compares the output dtype with tinyamp's: they must agree on every
+# product and every promotion, and any row where they differ must be one that tinyamp keeps in
+# FP32 and PyTorch's CPU autocast leaves in FP16. There a hand-written `exp` is not protected.
+
+# %%
+try:
+    import torch
+except ImportError:
+    torch = None
+
+if torch is None:
+    print("PyTorch is not installed: the comparison with torch.autocast is skipped")
+else:
+    t16, t32 = torch.from_numpy(x16.numpy()), torch.from_numpy(x32.numpy())
+    tw32 = torch.from_numpy(w32.numpy())
+    F = torch.nn.functional
+    torch_runs = {
+        "matmul": lambda: t32 @ tw32.T,
+        "linear": lambda: F.linear(t32, tw32),
+        "softmax": lambda: torch.softmax(t16, -1),
+        "log_softmax": lambda: torch.log_softmax(t16, -1),
+        "cross_entropy": lambda: F.cross_entropy(t16, torch.tensor([0, 2])),
+        "layer_norm": lambda: F.layer_norm(t16, (3,)),
+        "exp": lambda: torch.exp(t16),
+        "log": lambda: torch.log(t16),
+        "pow": lambda: t16**2,
+        "sum": lambda: t16.sum(),
+        "mean": lambda: t16.mean(),
+        "add": lambda: t16 + t32,
+        "sub": lambda: t16 - t32,
+        "mul": lambda: t16 * t32,
+        "div": lambda: t16 / t32,
+        "concatenate": lambda: torch.cat([t16, t32]),
+    }
+    with torch.autocast("cpu", dtype=torch.float16):
+        torch_dtypes = {op: str(run().dtype).removeprefix("torch.") for op, run in torch_runs.items()}
+        exp12 = torch.exp(torch.tensor([12.0], dtype=torch.float16))
+    differ = sorted(op for op in runs if torch_dtypes[op] != np.dtype(produced[op]).name)
+    agree = len(runs) - len(differ)
+    print(f"torch {torch.__version__} CPU autocast agrees with tinyamp on {agree} of {len(runs)} rows")
+    print(f"left in FP16 by PyTorch's CPU autocast, kept in FP32 by tinyamp: {', '.join(differ) or 'none'}")
+    assert set(torch_runs) == set(runs)
+    assert all(torch_dtypes[op] == np.dtype(produced[op]).name for op, rule in DEFAULT_POLICY.items() if rule != "fp32")
+    assert differ and all(DEFAULT_POLICY[op] == "fp32" and torch_dtypes[op] == "float16" for op in differ)
+    if "exp" in differ:  # a hand-written exp under PyTorch's CPU autocast: FP16, and e^12 overflows
+        print(f"torch.exp(12) in FP16 under CPU autocast: {exp12.item()}")
+        assert torch.isinf(exp12).all()
 
 # %% [markdown]
 # Each entry below is tested the same way: the same FP16 input, once under the default policy

@@ -1,33 +1,31 @@
 # %% [markdown]
-# # 8. Tensor Core numerics, and where the speed comes from
+# # 8. Tensor Cores and speed
 #
-# Tensor Cores multiply FP16 matrices and, in the mode mixed precision uses, accumulate the
-# products in FP32 (they also have modes that accumulate in FP16). That one design choice is why
-# matrix products can run in FP16 without losing the sum: each product of two FP16 numbers is
-# *exact* in FP32, and only the final result is rounded to FP16. tinyamp computes the idealized
-# model of this arithmetic, exact products, FP32 sums and one rounding, on any machine, NumPy
-# included, so the first half of this tutorial runs everywhere. It is a model, not the
-# hardware's bits: Fasi et al. (2021, "Numerical behavior of NVIDIA tensor cores", PeerJ
-# Computer Science) show that real Tensor Cores do not add as IEEE 754 FP32 arithmetic does
-# (within a block of products they align the significands to the largest and truncate, rather
-# than round each addition to nearest), so their results can differ from the model's in the
-# last bits. The second half measures speed, and says plainly what this machine can
-# measure: Tensor Core throughput only on a GPU, and only numbers measured in this run.
+# Tutorial 1 showed why FP16 matrix products can be trusted: each product of two FP16 numbers is
+# exact in FP32, the products are summed in FP32, and only the result is rounded to FP16.
+# tinyamp's FP16 matmul computes that model (widen + sgemm + round once) on any machine;
+# NVIDIA's Tensor Cores run it in hardware, where their additions can differ from the model's in
+# the last bits (Fasi et al. 2021). That hardware, and operands half the size of FP32's, are
+# where the *speed* of mixed precision comes from, and this tutorial measures it, saying plainly
+# what this machine can measure: Tensor Core throughput only on a GPU, and only numbers measured
+# in this run.
 #
 # You will learn:
 #
-# - why an FP16 x FP16 product fits in FP32 exactly (11 + 11 = 22 significant bits, and FP32
-#   has 24);
-# - that tinyamp's FP16 matmul is, bit for bit, widen to float32 + sgemm + round once: the
-#   idealized model of a Tensor Core product;
-# - how much error an FP16 accumulator would add to a long dot product (length 4096);
-# - what this machine measures for FP16 and FP32 matrix products.
+# - where the speed of mixed precision comes from (Tensor Cores, and halved memory traffic);
+# - on a GPU: the throughput of FP16 and FP32 matrix products, and the peak memory and time of
+#   a training step in FP32 and in mixed precision, measured in this run;
+# - on a CPU: why the emulated FP16 product is far faster than NumPy's float16 matmul but slower
+#   than the sgemm it runs.
+#
+# Prerequisites: tutorial 1 (sections 6 and 7, the numerics of FP16 products), tutorials 4 and 5
+# (the mixed-precision step timed here).
 #
 # The products run on one BLAS thread (`threadpool_limits(1)` below): OpenBLAS splits the work of
 # a product differently for each thread count, so its float32 sums would round differently and
 # the numbers printed here would depend on the machine (OpenBLAS starts one thread per core).
 #
-# Time: about 3.5 seconds to run on a CPU, 15 minutes to read.
+# Time: about 2.8 s of CPU to run without a GPU (4 s wall-clock on a busy shared 2-core machine), 10 minutes to read.
 
 # %%
 import os
@@ -40,7 +38,7 @@ from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import backend, kernels, nn, optim
-from tinyamp.amp import LossScaler, MasterWeights, autocast, formats
+from tinyamp.amp import LossScaler, MasterWeights, autocast
 from tinyamp.inspect import peak_memory
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
@@ -51,10 +49,8 @@ OUT.mkdir(parents=True, exist_ok=True)
 # the float32 results round differently (and on a busy machine, threads wait for each other).
 threadpool_limits(1)
 
-F16, F32, F64 = np.float16, np.float32, np.float64
-for name in ("float16", "float32"):
-    f = formats.get_format(name)
-    print(f"{name}: {f.mantissa_bits} stored mantissa bits, {f.mantissa_bits + 1} significant bits")
+F16, F32 = np.float16, np.float32
+rng = np.random.default_rng(0)
 
 
 def bits16(a: np.ndarray) -> np.ndarray:
@@ -63,153 +59,7 @@ def bits16(a: np.ndarray) -> np.ndarray:
 
 
 # %% [markdown]
-# ## 1. A product of two FP16 numbers is exact in FP32
-#
-# A normal FP16 number has 11 significant bits (10 stored, plus the implicit leading 1): it is
-# an integer $m < 2^{11}$ times a power of two. The product of two such numbers is
-# $m_1 m_2 < 2^{22}$ times a power of two, so it needs at most 22 significant bits, and FP32
-# has 24. Its exponent range is no problem either: the products lie between $2^{-48}$ and
-# $65504^2 \approx 4.3 \times 10^9$, all normal FP32 numbers. So a multiplier with FP32 output
-# makes no rounding error at all; in the model, the only roundings are in the FP32 additions
-# and in the final conversion to FP16.
-#
-# We check it on 200,000 random pairs of finite FP16 bit patterns (every exponent, subnormals
-# included): the FP32 product equals the float64 product, which is exact here.
-
-# %%
-rng = np.random.default_rng(0)
-n_pairs = 200_000
-patterns = rng.integers(0, 0x7C00, size=(2, n_pairs), dtype=np.uint16)  # finite magnitudes
-patterns |= rng.integers(0, 2, size=(2, n_pairs), dtype=np.uint16) << 15  # random signs
-a16, b16 = patterns.view(F16)
-p32 = a16.astype(F32) * b16.astype(F32)
-p64 = a16.astype(F64) * b16.astype(F64)
-
-
-def significant_bits(x: np.ndarray) -> np.ndarray:
-    """How many significant bits each nonzero float64 value needs (53 minus trailing zero bits)."""
-    mantissa, _ = np.frexp(np.abs(x[x != 0]))
-    m = (mantissa * 2.0**53).astype(np.int64)
-    trailing = np.zeros_like(m)
-    while np.any(m % 2 == 0):
-        even = m % 2 == 0
-        m[even] //= 2
-        trailing[even] += 1
-    return 53 - trailing
-
-
-needed = significant_bits(p64)
-with np.errstate(over="ignore"):
-    rounds_in_fp16 = np.mean(p64.astype(F16).astype(F64) != p64)
-print(f"FP32 product == exact product for all {n_pairs:,} pairs: {bool(np.all(p32.astype(F64) == p64))}")
-print(f"most significant bits any product needed: {needed.max()} (FP32 holds 24)")
-print(f"share of the products FP16 itself would have to round: {rounds_in_fp16:.1%}")
-assert np.all(p32.astype(F64) == p64)
-assert needed.max() == 22 and rounds_in_fp16 > 0.9
-
-x = F16(2047 / 1024)  # 1.9990234375: all 11 significant bits set
-print(f"\n{x} * {x}: exact {float(x) * float(x)!r}, FP32 {float(F32(x) * F32(x))!r}, FP16 {float(x * x)!r}")
-assert float(F32(x) * F32(x)) == float(x) ** 2 != float(x * x)
-
-# %% [markdown]
-# ## 2. tinyamp's FP16 matmul is widen + sgemm + round once
-#
-# NumPy has no FP16 matrix product in its BLAS, so tinyamp computes the model literally: widen
-# both FP16 operands to FP32 (exact), multiply-accumulate in FP32 with the FP32 BLAS routine
-# (sgemm), and round the FP32 result to FP16 once (`tinyamp.kernels.product`). We check that
-# the output has exactly the bits of that recipe written out by hand. (The order of sgemm's
-# additions is the BLAS library's, so the bits are those of this NumPy's sgemm; the few that
-# differ from the correctly rounded product show where the FP32 additions rounded.)
-
-# %%
-A = rng.standard_normal((64, 512)).astype(F16)
-B = rng.standard_normal((512, 48)).astype(F16)
-out = ta.matmul(ta.tensor(A), ta.tensor(B))
-by_hand = (A.astype(F32) @ B.astype(F32)).astype(F16)
-correctly_rounded = (A.astype(F64) @ B.astype(F64)).astype(F16)
-print(f"tinyamp matmul output dtype: {out.dtype}")
-print(f"bit-identical to widen + sgemm + round once: {np.array_equal(bits16(out.numpy()), bits16(by_hand))}")
-off = int(np.sum(bits16(out.numpy()) != bits16(correctly_rounded)))
-print(f"elements differing from the correctly rounded exact product: {off} of {out.size} (FP32 additions)")
-assert out.dtype == np.float16
-assert np.array_equal(bits16(out.numpy()), bits16(by_hand))
-
-# %% [markdown]
-# ## 3. Why accumulate in FP32: a dot product of length 4096
-#
-# The accumulator is where FP16 would fail. Adding positive terms, a running sum $s$ grows,
-# and FP16's spacing grows with it: from 1024 on it is 1, from 2048 on it is 2. A term smaller
-# than half the spacing is lost entirely, and one of exactly half is a tie: $2048 + 1$ goes to
-# the even neighbour, 2048, so an FP16 running sum of ones stops there. Products of numbers in
-# $[0, 1)$ average 0.25; once the sum passes 512 the spacing is 0.5, and each addition rounds by
-# up to 0.25, the size of a typical term.
-#
-# We compute 32 dot products of length up to 4096 three ways and measure the relative error
-# against the exact value at every length: an FP16 accumulator (each addition rounded to FP16),
-# an FP32 accumulator (each addition rounded to FP32), and tinyamp's matmul (FP32 accumulation,
-# then one rounding to FP16) at the lengths $2^k$.
-
-# %%
-trials, length = 32, 4096
-a = rng.uniform(0, 1, (trials, length)).astype(F16)
-b = rng.uniform(0, 1, (trials, length)).astype(F16)
-products = a.astype(F64) * b.astype(F64)  # exact (22 bits)
-exact = np.cumsum(products, axis=1)  # float64: error ~1e-16, zero for our purpose
-
-acc16 = np.zeros(trials, F16)
-prefix16 = np.empty((trials, length))
-for i in range(length):  # an FP16 accumulator: every addition rounded to FP16
-    acc16 = (acc16.astype(F64) + products[:, i]).astype(F16)
-    prefix16[:, i] = acc16
-prefix32 = np.cumsum(products.astype(F32), axis=1, dtype=F32)  # an FP32 accumulator, unrounded
-
-lengths = 2 ** np.arange(13)  # 1 .. 4096
-tiny_err = []
-for n in lengths:
-    y = ta.matmul(ta.tensor(a[:, None, :n]), ta.tensor(b[:, :n, None])).numpy()[:, 0, 0]
-    tiny_err.append(np.max(np.abs(y.astype(F64) - exact[:, n - 1]) / exact[:, n - 1]))
-tiny_err = np.array(tiny_err)
-err16 = np.max(np.abs(prefix16 - exact) / exact, axis=0)
-err32 = np.max(np.abs(prefix32.astype(F64) - exact) / exact, axis=0)
-print(f"{'length':>6}  {'FP16 accumulator':>16}  {'FP32 accumulator':>16}  {'tinyamp (FP32 acc, FP16 out)':>28}")
-for n, e in zip(lengths, tiny_err):
-    print(f"{n:>6}  {err16[n - 1]:>16.2e}  {err32[n - 1]:>16.2e}  {e:>28.2e}")
-
-assert err16[-1] > 10 * tiny_err[-1]  # FP16 accumulation: an error no output rounding explains
-assert np.all(tiny_err <= 2.0**-11 + err32[lengths - 1])  # half an FP16 ulp, plus the FP32 sum's error
-assert 0.02 < err16[-1] < 0.2 and err16[-1] > 10 * err16[63]  # grows with the length, to several percent
-assert np.all(err32 < 1e-5) and err32[-1] > 1e-7  # the FP32 accumulator: near 1e-6 at 4096 terms
-
-ones = np.ones((1, 4096), F16)
-via_tinyamp = ta.matmul(ta.tensor(ones), ta.tensor(ones.T)).item()
-running16 = np.cumsum(ones[0], dtype=F16)[-1]
-print(f"\n4096 ones: tinyamp matmul {via_tinyamp}, FP16 accumulator {running16}")
-assert via_tinyamp == 4096.0 and running16 == 2048.0
-
-# %%
-fig, ax = plt.subplots(figsize=(7, 4))
-n_axis = np.arange(1, length + 1)
-ax.loglog(n_axis, err16, label="FP16 accumulator")
-ax.loglog(n_axis, np.where(err32 > 0, err32, np.nan), label="FP32 accumulator (no final rounding)")
-ax.loglog(lengths, tiny_err, "o", label="tinyamp matmul: FP32 accumulate, round once to FP16")
-ax.axhline(2.0**-11, color="gray", ls=":", lw=1, label="half an FP16 ulp, relative (2^-11)")
-ax.set_xlabel("dot product length")
-ax.set_ylabel("max relative error (32 dot products)")
-ax.set_ylim(1e-9, 1)
-ax.set_title("Products of FP16 numbers in [0, 1): where the sum is kept matters", fontsize=9)
-ax.grid(alpha=0.3, which="both")
-ax.legend(fontsize=7)
-fig.tight_layout()
-error_path = OUT / "08_dot_product_error.png"
-fig.savefig(error_path, dpi=110)
-
-# %% [markdown]
-# The FP16 accumulator's error grows with the length, to several percent at 4096 terms; the
-# FP32 accumulator's stays near $10^{-6}$, so rounding its result once to FP16 gives an answer
-# within half an FP16 ulp of the exact one (plus that $10^{-6}$): as good as FP16 can represent.
-# That is the whole numerical case for FP16 matrix products with FP32 accumulation.
-#
-# ## 4. Speed: what this machine can measure
+# ## 1. Speed: what this machine can measure
 #
 # The speed of mixed precision comes from hardware: Tensor Cores run FP16 products with FP32
 # accumulation at several times the FP32 rate (NVIDIA's V100 datasheet: 125 against 15.7
@@ -375,16 +225,15 @@ fig.savefig(speed_path, dpi=110)
 # On a GPU the numbers printed above are what this run measured: the ratio of the CuPy float16
 # and float32 lines is what the hardware offers. tinyamp's float16 products there are single
 # cuBLAS GemmEx calls with FP32 compute (`tinyamp/cuda/gemm.py`): the Tensor Cores' own
-# arithmetic, which follows section 2's model up to the last bits, at CuPy's float16 speed if
+# arithmetic, which follows tutorial 1's model (section 7) up to the last bits, at CuPy's float16 speed if
 # the dispatch around them costs little; the line printed above says whether it does.
 #
 # ## Summary
 #
-# - An FP16 x FP16 product needs at most 22 significant bits: exact in FP32.
-# - tinyamp's FP16 matmul is widen + sgemm + round once, bit for bit: the idealized model of
-#   Tensor Core arithmetic, on any machine (the hardware's own additions can differ in the last
-#   bits: Fasi et al. 2021).
-# - Accumulating a long dot product in FP16 loses the sum (4096 ones stop at 2048); FP32
-#   accumulation rounded once keeps the result within half an FP16 ulp.
+# - The numerics come first (tutorial 1): FP16 x FP16 products are exact in FP32, and FP32
+#   accumulation rounded once keeps a product within half an FP16 ulp; tinyamp's FP16 matmul is
+#   that model, bit for bit (on a CPU the cell above checks its bits again).
+# - The speed comes from hardware: Tensor Cores and halved memory traffic. On a CPU the emulated
+#   FP16 product is far faster than NumPy's float16 loop and slower than the sgemm it runs.
 # - Speed is a property of the hardware: measure it where it exists, and only report what
 #   was measured.
