@@ -1,14 +1,16 @@
 """The ``tinyamp`` command (also ``python -m tinyamp``).
 
     tinyamp demo                 the digits MLP in FP32, naive FP16 and mixed precision, side by side,
-                                 then a char-level transformer in FP32 and mixed (about a minute on a CPU)
+                                 then a char-level transformer in FP32 and mixed (under a minute on a CPU)
     tinyamp train [options]      one model in one precision; --out DIR writes results.json, figures
                                  and a checkpoint that --resume continues from
     tinyamp info                 versions, backends, GPU, the FP16/BF16/FP32 formats, the autocast
                                  op policy and the loss-scaler presets
 
-Bad input exits with status 2 and a message that says what to type instead; a failed
-run leaves nothing half-written in the output folder.
+Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
+run diverged (the message says when and why); 130/143 stopped by Ctrl-C/SIGTERM, after
+`train --out` saved a checkpoint at the end of the current step.  An output folder is
+replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ EXIT_STATUS = (
     "when and why); 130 or 143 stopped by Ctrl-C or SIGTERM (train --out saves a checkpoint first)"
 )
 
-# The demo's sizes: about a minute on two CPU cores (see README, "The demo").
+# The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
 DEMO_MLP_STEPS = 1500
 DEMO_TRANSFORMER_STEPS = 150
 TRANSFORMER_TOLERANCE = 0.05  # nats: how close mixed precision's validation loss must come to FP32's
