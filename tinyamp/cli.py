@@ -6,6 +6,7 @@
                                  and a checkpoint that --resume continues from
     tinyamp info                 versions, backends, GPU, the FP16/BF16/FP32 formats, the autocast
                                  op policy and the loss-scaler presets
+    tinyamp exercises init DIR   a workspace of exercises to implement; `exercises check DIR` grades it
 
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
 run diverged (the message says when and why); 130/143 stopped by Ctrl-C/SIGTERM, after
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp.exercises import command as exercises_command
 from tinyamp.experiments import run_settings
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
@@ -606,6 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory", action="store_true", help="itemize the bytes held (weights, masters, moments, gradients) "
         "and measure the peak bytes of the last step"
     )  # fmt: skip
+    exercises_command.add_parser(sub)
     return parser
 
 
@@ -615,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             return info()
+        if args.command == "exercises":
+            return exercises_command.run(args)
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
         if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
             raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")

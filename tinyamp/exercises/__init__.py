@@ -1,0 +1,14 @@
+"""Coursework: exercises students implement, graders that tell them precisely whether they are right.
+
+    tinyamp exercises init DIR          a workspace: the package myamp/ of stubs, one module per tutorial
+    tinyamp exercises check DIR         grade it: passed / not started / failed, the first counterexample
+
+* ``catalog``: the exercises as data (id, stub, grader, tutorial);
+* ``template/`` and ``solutions/``: the stubs a workspace gets, and the reference solutions
+  (``init --solutions``), module for module;
+* ``graders/``: one grader per exercise, built on ``tinyamp.testing``;
+* ``grading``: loading a student's code, checking it is theirs, running its grader;
+* ``workspace``: the files ``init`` writes; ``command``: the ``tinyamp exercises`` command.
+
+Importing this package imports neither hypothesis nor the graders.
+"""

@@ -1,0 +1,75 @@
+"""Graders of Exercises 5.1 (DynamicLossScaler), 5.2 (skip_or_step) and 5.3 (scaling_is_exact)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyamp.testing import check_scaler, check_skip
+from tinyamp.testing.counterexamples import check_settings, number
+from tinyamp.testing.strategies import multiples_of_smallest_subnormal, shapes
+
+REFERENCES = ("pytorch", "jmp")  # float32 scales both; jmp adds a floor
+
+
+def grade_dynamic_loss_scaler(scaler_class: type, examples: int) -> None:
+    """Step by step against the pytorch preset, then the jmp preset (settings drawn by scaler_settings)."""
+    for reference in REFERENCES:
+        check_scaler(lambda **settings: scaler_class(**settings), reference, max_examples=examples)
+
+
+def grade_skip_or_step(skip_or_step: Callable[[Any, float], bool], examples: int) -> None:
+    """An overflowed step changes nothing; a clean one is unscale-then-step, bit for bit."""
+    check_skip(skip_or_step, max_examples=examples)
+
+
+@st.composite
+def gradients_and_exponents(draw: Any) -> tuple[np.ndarray, int]:
+    """(g, k): finite float16 gradients and k in -30..30, weighted to where exactness is decided: values
+    using all 11 bits (n * 2^e, n odd) shifted by a small negative k into the subnormals, or up beyond 65504."""
+    shape = draw(shapes(min_dims=1, max_dims=2))
+    anything = st.floats(width=16, allow_nan=False, allow_infinity=False)
+    near_zero = multiples_of_smallest_subnormal().map(lambda m: float(np.float16(m * 2.0**-24)))
+    odd = st.tuples(st.integers(-1024, 1023), st.integers(-24, 5)).map(lambda n_e: (2 * n_e[0] + 1) * 2.0 ** n_e[1])
+    g = draw(hnp.arrays(np.float16, shape, elements=anything | near_zero | odd.map(lambda v: float(np.float16(v)))))
+    return g, draw(st.integers(-30, 30) | st.integers(-12, -1) | st.integers(1, 8))
+
+
+def grade_scaling_is_exact(scaling_is_exact: Callable[[np.ndarray, int], np.ndarray], examples: int) -> None:
+    """Against the round trip itself: float16(g * 2^k) is exactly g * 2^k (then unscaling gives g back)."""
+
+    @check_settings(examples)
+    @given(case=gradients_and_exponents())
+    def exact_where_the_round_trip_gives_g_back(case: tuple[np.ndarray, int]) -> None:
+        g, k = case
+        exact64 = g.astype(np.float64) * 2.0**k
+        with np.errstate(over="ignore"):
+            scaled = exact64.astype(np.float16)
+        expected = np.isfinite(scaled) & (scaled.astype(np.float64) == exact64)
+        about = f"for g = {np.array2string(g, separator=', ')} (float16) and k = {k} (S = 2^{k})"
+        try:
+            got = scaling_is_exact(g.copy(), k)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(got, np.ndarray) or got.shape != g.shape or got.dtype != np.bool_:
+            raise AssertionError(f"{about} return a bool array of shape {g.shape}; yours returned {got!r}")
+        if np.array_equal(got, expected):
+            return
+        i = int(np.flatnonzero(got != expected)[0])
+        x, y = float(g.reshape(-1)[i]), float(scaled.reshape(-1)[i])
+        why = (f"g * S = {number(exact64.reshape(-1)[i])} is a float16 value: scaling and unscaling only move the "
+               "exponent" if expected.reshape(-1)[i] else f"g * S = {number(exact64.reshape(-1)[i])} is not a float16 "
+               f"value: it rounds to {number(y)}")  # fmt: skip
+        raise AssertionError(
+            f"{about}: at g.flat[{i}] = {number(x)} yours says {'exact' if got.reshape(-1)[i] else 'not exact'}, "
+            f"but {why}"
+        )
+
+    exact_where_the_round_trip_gives_g_back()

@@ -1,0 +1,78 @@
+"""Graders of Exercises 4.1 (update_is_lost) and 4.2 (master_step)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyamp.amp import formats
+from tinyamp.testing import check_master_step
+from tinyamp.testing.counterexamples import check_settings, number
+from tinyamp.testing.strategies import format_values
+
+
+def half_gap(weight: float, direction: float) -> float:
+    """Half the gap from the float16 `weight` to its neighbour in `direction` (+1 up, -1 down)."""
+    w, ulp = abs(weight), formats.ulp(weight, "float16")
+    toward_zero = weight != 0 and (direction < 0) == (weight > 0)
+    below_a_power_of_two = toward_zero and math.frexp(w)[0] == 0.5 and w > 2.0**-14
+    return (ulp / 2 if below_a_power_of_two else ulp) / 2
+
+
+@st.composite
+def weights_and_updates(draw: Any) -> tuple[float, float]:
+    """(float16 weight, float32 update): mostly updates at, or one float32 step either side of, half the gap
+    to the neighbour in their direction, where ties to even and the float32 sum decide; powers of two weighted."""
+    powers = st.integers(-14, 15).map(lambda k: 2.0**k)
+    weight = draw(format_values("float16", allow_nan=False, allow_infinity=False) | powers | powers.map(lambda p: -p))
+    direction = draw(st.sampled_from([1.0, -1.0]))
+    half = half_gap(weight, direction)
+    kind = draw(st.sampled_from(["tie", "near", "near", "scaled", "any"]))
+    if kind == "tie":
+        update = direction * half
+    elif kind == "near":  # one to three float32 ulps of the update away from the tie: the float32 sum rounds here
+        update = direction * half * (1 + draw(st.integers(-3, 3)) * 2.0**-23)
+    elif kind == "scaled":
+        update = direction * half * draw(st.sampled_from([0.25, 0.5, 0.75, 1.5, 2.0, 3.0]) | st.floats(0.0, 4.0))
+    else:
+        update = draw(st.floats(-1.0, 1.0, width=32))
+    return weight, float(np.float32(update))
+
+
+def grade_update_is_lost(update_is_lost: Callable[[float, float], bool], examples: int) -> None:
+    """Against tinyamp.amp.formats.update_is_lost: the float32 sum rounded once to float16 gives the weight back."""
+
+    @check_settings(examples)
+    @given(case=weights_and_updates())
+    def lost_exactly_when_rounding_gives_the_weight_back(case: tuple[float, float]) -> None:
+        weight, update = case
+        about = f"for weight = {number(weight)} and update = {number(update)}"
+        try:
+            got = update_is_lost(weight, update)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
+        expected = formats.update_is_lost(weight, update, "float16")
+        if not isinstance(got, (bool, np.bool_)) or bool(got) != expected:
+            total = float(np.float32(weight) + np.float32(update))
+            direction = 1.0 if update > 0 else -1.0
+            rounded = float(formats.round_to(total, "float16"))
+            raise AssertionError(
+                f"{about} yours says {got!r}, expected {expected}: the float32 sum {number(total)} rounds to "
+                f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
+                f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; a tie goes to "
+                "the even neighbour)"
+            )
+
+    lost_exactly_when_rounding_gives_the_weight_back()
+
+
+def grade_master_step(master_step: Callable[..., Any], examples: int) -> None:
+    """Bit for bit against MasterWeights(SGD): the update in float32, the round back, the lost updates counted."""
+    check_master_step(master_step, max_examples=examples)

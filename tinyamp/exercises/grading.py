@@ -1,0 +1,208 @@
+"""Grading one exercise of a workspace: load the student's code, check it is theirs, run its grader.
+
+The result is passed, not started (the stub still raises NotImplementedError) or failed,
+with the first counterexample in words.  Before the grader runs, three things are checked:
+the graded function or class is defined in the workspace's file (not imported from
+tinyamp); it does not use tinyamp's own implementation of the mechanism (the exercise's
+``forbidden`` names, followed through imports and aliases); and, for exercises about
+rounding by hand, it does not call NumPy's conversion to float16.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
+
+PASSED, NOT_STARTED, FAILED = "passed", "not started", "failed"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One row of the table ``tinyamp exercises check`` prints."""
+
+    exercise: Exercise
+    status: str  # PASSED, NOT_STARTED or FAILED
+    message: str  # why it failed (the first counterexample in words), or the stub's message; "" when passed
+    seconds: float
+
+
+class NotTheirs(Exception):
+    """The graded name is missing, imported, or built on tinyamp's own implementation."""
+
+
+def grade(exercise: Exercise, workspace: Path, deep: bool = False) -> Result:
+    """Grade `exercise` in `workspace` (hypothesis examples: the exercise's budget, DEEP times it with `deep`)."""
+    start = time.perf_counter()
+    try:
+        graded = load(exercise, Path(workspace))
+        grader = getattr(importlib.import_module(f"tinyamp.exercises.graders.{exercise.module}"), exercise.grader)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a student's overflow warnings are not the verdict
+            grader(graded, exercise.examples * (DEEP if deep else 1))
+    except NotImplementedError as exc:
+        return Result(exercise, NOT_STARTED, str(exc) or "raises NotImplementedError", time.perf_counter() - start)
+    except (AssertionError, NotTheirs) as exc:
+        return Result(exercise, FAILED, _one_line(exc), time.perf_counter() - start)
+    except Exception as exc:  # e.g. hypothesis's Flaky: the same input failed once and passed once (shared state?)
+        message = f"the grader stopped on {type(exc).__name__}: {_one_line(exc)}"
+        return Result(exercise, FAILED, message, time.perf_counter() - start)
+    return Result(exercise, PASSED, "", time.perf_counter() - start)
+
+
+def assert_passes(exercise_id: str, workspace: Path) -> None:
+    """For the workspace's pytest file: fail the test with the grader's sentence unless the exercise passes."""
+    import pytest
+
+    exercise = find(exercise_id)
+    result = grade(exercise, Path(workspace))
+    if result.status == NOT_STARTED:
+        pytest.fail(f"Exercise {exercise.number} is not started: {exercise.first_steps}", pytrace=False)
+    if result.status == FAILED:
+        pytest.fail(f"Exercise {exercise.number} failed: {result.message}", pytrace=False)
+
+
+def load(exercise: Exercise, workspace: Path) -> Any:
+    """The function or class the exercise grades, imported afresh from the workspace and checked to be the student's."""
+    path = (workspace / exercise.path).resolve()
+    if not path.is_file():
+        raise NotTheirs(f"{exercise.path} is missing from {workspace}: is it a workspace (tinyamp exercises init)?")
+    module = _fresh_import(workspace, exercise.module)
+    graded = getattr(module, exercise.name, None)
+    if graded is None:
+        raise NotTheirs(f"{exercise.path} has no {exercise.name}: the grader looks for that name")
+    try:
+        source_file = Path(inspect.getsourcefile(graded) or "").resolve()
+    except TypeError:
+        raise NotTheirs(f"{exercise.name} in {exercise.path} must be a function or class defined there") from None
+    if source_file != path:
+        raise NotTheirs(
+            f"{exercise.name} in {exercise.path} is not yours: it comes from {source_file}. Write it in "
+            f"{exercise.path}; the grader grades the code there"
+        )
+    source = path.read_text()
+    used = sorted(name for name in tinyamp_names_used(source, exercise.name) if _forbidden(name, exercise.forbidden))
+    if used:
+        raise NotTheirs(
+            f"{exercise.name} uses {used[0]}, tinyamp's own version of what Exercise {exercise.number} asks you to "
+            "build: write it yourself"
+        )
+    if exercise.no_float16_casts:
+        cast = float16_conversion(source, exercise.name)
+        if cast:
+            raise NotTheirs(
+                f"{exercise.name} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
+                "do the rounding yourself (build the bits and .view(np.float16) them)"
+            )
+    return graded
+
+
+def _fresh_import(workspace: Path, module: str) -> Any:
+    """Import ``myamp.<module>`` from `workspace`, never a cached copy (a process may grade several workspaces)."""
+    for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+        del sys.modules[name]
+    root = str(workspace.resolve())
+    sys.path.insert(0, root)
+    try:
+        return importlib.import_module(f"{PACKAGE}.{module}")
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # a syntax error, a failed import: the student's file does not load
+        raise NotTheirs(f"{PACKAGE}/{module}.py does not import: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.path.remove(root)
+
+
+def _forbidden(name: str, forbidden: tuple[str, ...]) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in forbidden)
+
+
+def _graded_node(tree: ast.Module, name: str) -> ast.AST:
+    """The top-level definition of `name` (the whole module when it is bound some other way)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+    return tree
+
+
+def tinyamp_names_used(source: str, name: str) -> set[str]:
+    """The dotted tinyamp names the definition of `name` refers to, through the module's imports and aliases.
+
+    ``import tinyamp as ta`` then ``ta.amp.LossScaler(...)`` gives "tinyamp.amp.LossScaler";
+    ``from tinyamp.rounding import round_to_float16`` then a call gives "tinyamp.rounding.round_to_float16".
+    """
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    used = set()
+    for node in ast.walk(_graded_node(tree, name)):
+        dotted = _dotted(node)
+        if dotted is None:
+            continue
+        root, _, rest = dotted.partition(".")
+        full = aliases.get(root, root) + (f".{rest}" if rest else "")
+        if full.startswith("tinyamp"):
+            used.add(full)
+    return used
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """ "a.b.c" for the expression a.b.c (a Name or an Attribute chain on one), else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+FLOAT16_NAMES = {"float16", "half", "f2", "e", "<f2", "=f2"}
+
+
+def _names_float16(node: ast.AST | None) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in FLOAT16_NAMES
+    dotted = _dotted(node) if node is not None else None
+    return dotted is not None and dotted.split(".")[-1] in ("float16", "half")
+
+
+def float16_conversion(source: str, name: str) -> str:
+    """The first NumPy conversion to float16 in the definition of `name`, as "line 12: astype(float16)" ("" if none).
+
+    ``astype(np.float16)``, ``np.float16(x)``, and any call with ``dtype=np.float16``; a
+    ``.view(np.float16)`` only reinterprets bits and is allowed.
+    """
+    for node in ast.walk(_graded_node(ast.parse(source), name)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = _dotted(node.func) or ""
+        last = func.split(".")[-1] if func else getattr(node.func, "attr", "")
+        if last in ("float16", "half"):
+            return f"line {node.lineno}: {last}(...)"
+        if last == "astype" and node.args and _names_float16(node.args[0]):
+            return f"line {node.lineno}: astype(float16)"
+        if any(k.arg == "dtype" and _names_float16(k.value) for k in node.keywords):
+            return f"line {node.lineno}: dtype=float16"
+    return ""
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message without hypothesis's notes, on one line."""
+    return " ".join(str(exc).split())

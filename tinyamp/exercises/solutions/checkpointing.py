@@ -1,0 +1,59 @@
+"""Exercise 7.1: activation checkpointing, one segment (tutorials/07_memory_and_checkpointing.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tinyamp.function import Function
+from tinyamp.grad_mode import enable_grad, no_grad
+from tinyamp.tensor import Tensor
+
+
+class CheckpointedSegment(Function):
+    """Forward: run the segment without a graph, keep its input.  Backward: run it again, backpropagate."""
+
+    def forward(self, x: Any, *param_arrays: Any, segment: Callable[[Tensor], Tensor], params: list[Tensor]) -> Any:
+        self.segment, self.params = segment, params
+        self.save_for_backward(x)  # all this node keeps: no activation of the segment
+        with no_grad():
+            return segment(Tensor(x)).data
+
+    def backward(self, g: Any) -> tuple[Any, ...]:
+        (x,) = self.saved
+        x_again = Tensor(x, requires_grad=self.needs_input_grad[0])
+        outer = [p.grad for p in self.params]  # gradients from elsewhere in the graph, kept aside
+        for p in self.params:
+            p.grad = None
+        with enable_grad():
+            out = self.segment(x_again)  # the same operations on the same values: the same bits
+        out.backward(g)
+        grads = (x_again.grad, *[p.grad for p in self.params])
+        for p, kept in zip(self.params, outer):
+            p.grad = kept
+        return grads
+
+
+def checkpoint_segment(segment: Callable[[Tensor], Tensor], x: Tensor, params: Sequence[Tensor]) -> Tensor:
+    """Exercise 7.1: ``segment(x)``, keeping only `x` for backward, with the same gradients.
+
+    Task: return a Tensor with the values of ``segment(x)`` whose backward gives x and every
+    parameter in `params` (the Tensors the segment reads) the gradients that backpropagating
+    through ``segment(x)`` itself would give, bit for bit, while the forward keeps no
+    activation of the segment alive: between forward and backward only x (and the output)
+    are held.  The segment is deterministic (no dropout).  The grader compares gradients
+    with the plain segment and measures the bytes held after the forward.
+
+    Math: write a ``tinyamp.function.Function`` whose inputs are x and the parameters.  Its
+    forward runs the segment under ``no_grad()`` (no graph, so the activations are freed as
+    soon as they are used) and saves only x.  Its backward runs the segment again under
+    ``enable_grad()`` on a fresh leaf holding x, calls ``out.backward(g)`` on that small
+    graph, and returns the gradients of the fresh leaf and of each parameter.  A parameter's
+    ``.grad`` may already hold a gradient from elsewhere in the graph: set it aside first and
+    put it back after, so that the node returns only the segment's share.  One extra forward,
+    for memory that no longer grows with the segment's depth.
+
+    Read: tutorials/07_memory_and_checkpointing.py, section 3 (Checkpointing: keep less, compute again).
+    """
+    params = list(params)
+    return CheckpointedSegment.apply(x, *params, segment=segment, params=params)

@@ -1,0 +1,100 @@
+"""Exercises 5.1 to 5.3: the dynamic loss-scale rule, the skipped step, and when scaling is exact (tutorials/05).
+
+Write each stub below; ``tinyamp exercises check`` grades them (``--only N.M`` for one).
+"""
+
+from __future__ import annotations
+
+import math  # noqa: F401  (math.isfinite tells a grown scale that is inf)
+from typing import Any
+
+import numpy as np
+
+
+class DynamicLossScaler:
+    """Exercise 5.1: the dynamic loss-scale rule of PyTorch's GradScaler (and of jmp, with a floor).
+
+    Task: keep ``scale`` (a Python float that is a float32 value) and ``growth_tracker`` (the
+    clean steps counted towards the next growth), change them in ``update(found_inf)``, and
+    save and restore both with ``state_dict()`` / ``load_state_dict(d)``.  The grader drives
+    your scaler and tinyamp's presets "pytorch" and "jmp" with the same overflow flags and
+    compares scale and counter after every step.
+
+    Math, one step (s the scale, t the tracker, N = growth_interval):
+
+    * overflow (found_inf True): s <- float32(s * backoff_factor), raised to min_scale if
+      below it; t <- 0.  No growth on that step.
+    * clean step: t <- t + 1; when t reaches N: t <- 0 and s <- float32(s * growth_factor),
+      lowered to max_scale if above it, and not at all if float32 would make it inf (PyTorch:
+      "do not grow the scale past fp32 bounds to inf").
+
+    float32(v) is ``float(np.float32(v))``: multiply the Python floats (exact for powers of
+    two, rounded once otherwise, like PyTorch's double arithmetic) and round to float32.
+
+    Read: tutorials/05_loss_scaling.py, sections 3 (the dynamic scaler, one transition at a
+    time) and 5 (the published rules, side by side).
+    """
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+    ) -> None:
+        raise NotImplementedError("Exercise 5.1: the dynamic loss-scale rule (pytorch, jmp)")
+
+    def update(self, found_inf: bool) -> None:
+        """One step of the rule: back off after an overflow, grow after growth_interval clean steps."""
+        raise NotImplementedError("Exercise 5.1: the dynamic loss-scale rule (pytorch, jmp)")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next steps depend on: the scale and the tracker."""
+        raise NotImplementedError("Exercise 5.1: the dynamic loss-scale rule (pytorch, jmp)")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a ``state_dict()``: the same future, step for step."""
+        raise NotImplementedError("Exercise 5.1: the dynamic loss-scale rule (pytorch, jmp)")
+
+
+def skip_or_step(optimizer: Any, scale: float) -> bool:
+    """Exercise 5.2: unscale the gradients, then step only if all are finite; return True when skipped.
+
+    Task: each parameter in ``optimizer.params`` (float16 or float32 tinyamp Tensors) holds
+    in ``.grad`` its gradient multiplied by `scale`.  Unscale every gradient in place, check
+    that all are finite, and call ``optimizer.step()`` only then.  Return True when the
+    step was skipped.  A skipped step must change no weight, no optimizer moment, and not
+    ``optimizer.step_count``.
+
+    Math: multiply by 1/scale in float32 (for a float16 gradient: widen to float32, multiply,
+    round once back to float16), as ``LossScaler.unscale_`` does; 1/scale in float16 is
+    inexact for most scales, and 0 from a scale of 2^25 on.  An inf or NaN in any gradient means the
+    scale was too large for this step: the update would write inf or NaN into the weights
+    and the moments, so it is not taken at all.
+
+    Read: tutorials/05_loss_scaling.py, sections 2 (static loss scaling, and the skip) and 4
+    (a real run: the sawtooth).
+    """
+    raise NotImplementedError("Exercise 5.2: the overflow-skipping step")
+
+
+def scaling_is_exact(g: np.ndarray, k: int) -> np.ndarray:
+    """Exercise 5.3: where scaling the float16 gradient by S = 2^k and unscaling gives it back, bit for bit.
+
+    Task: `g` is a float16 array of finite values, S = 2^k (k from -30 to 30).  Return a
+    bool array: True where ``float16(float16(g * S) / S) == g`` bit for bit.  Decide it
+    from the law below (your answer is checked against the round trip itself).
+
+    Math: multiplying by a power of two only moves the exponent: the 11 significant bits of
+    g are kept unless g * S leaves float16's grid.  It leaves it in two ways: above the
+    largest value (|g * S| > 65504 rounds to inf), and below 2^-14, where float16's values
+    are the multiples of 2^-24 (the subnormals): g * S must be one of them.  So the round
+    trip is exact exactly when |g * S| <= 65504 and g * S is a multiple of 2^-24.  (g * S is
+    exact in float64.)  With S >= 1 only the first can fail; that is why a scale above 1
+    protects small gradients.
+
+    Read: tutorials/05_loss_scaling.py, section 1 (Gradients that FP16 cannot hold).
+    """
+    raise NotImplementedError("Exercise 5.3: the exactness law: unscale(scale(g)) == g")

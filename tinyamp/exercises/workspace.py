@@ -1,0 +1,122 @@
+"""A student workspace: the package ``myamp`` of stubs, a pytest file with one marked test per exercise.
+
+DIR/
+  README.md               the exercises, the tutorial to read for each, the commands
+  pytest.ini              one marker per exercise: pytest -m ex5_1
+  conftest.py             puts DIR on sys.path, so that tests of your own can import myamp
+  myamp/<module>.py       the stubs (or, with --solutions, the reference solutions)
+  tests/test_myamp.py     one test per exercise, each calling its grader
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from tinyamp.exercises.catalog import EXERCISES, PACKAGE
+
+MODULES = tuple(dict.fromkeys(e.module for e in EXERCISES))  # in the order of the tutorials
+
+CONFTEST = '''"""Puts this workspace on sys.path: tests of your own can `import myamp`, wherever pytest starts."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+'''
+
+
+class WorkspaceError(Exception):
+    """A folder that cannot become, or is not, a workspace: the message says what to do."""
+
+
+def workspace_files(solutions: bool = False) -> dict[str, str]:
+    """Every file of a workspace, path (relative) -> text: the stubs, or the reference solutions."""
+    source = resources.files("tinyamp.exercises").joinpath("solutions" if solutions else "template")
+    files = {f"{PACKAGE}/{name}.py": source.joinpath(f"{name}.py").read_text() for name in ("__init__", *MODULES)}
+    files["pytest.ini"] = pytest_ini()
+    files["conftest.py"] = CONFTEST
+    files["tests/test_myamp.py"] = test_file()
+    files["README.md"] = readme(solutions)
+    return files
+
+
+def write_workspace(directory: Path, solutions: bool = False) -> list[Path]:
+    """Write a workspace into `directory` (created if needed); never over a student's work.
+
+    Refuses a `directory` that already holds a ``myamp`` package, or any file of the workspace.
+    """
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise WorkspaceError(f"{directory} is a file; give a folder for the workspace")
+    files = workspace_files(solutions)
+    taken = [path for path in [PACKAGE, *files] if (directory / path).exists()]
+    if taken:
+        raise WorkspaceError(
+            f"{directory / taken[0]} already exists: init never writes over a workspace (your work would be "
+            "lost); give a new folder"
+        )
+    written = []
+    for relative, text in files.items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def pytest_ini() -> str:
+    """pytest's settings for the workspace: its tests folder, and one registered marker per exercise."""
+    markers = "\n".join(f"    {e.id}: Exercise {e.number}, {e.title}" for e in EXERCISES)
+    return (
+        "# `pytest -m ex5_1` runs the grader of Exercise 5.1; `tinyamp exercises check` prints every result.\n"
+        f"[pytest]\naddopts = -q --strict-markers\ntestpaths = tests\nmarkers =\n{markers}\n"
+    )
+
+
+def test_file() -> str:
+    """tests/test_myamp.py: one test per exercise, marked with its id, calling its grader."""
+    tests = "".join(
+        f'\n\n@pytest.mark.{e.id}\ndef test_{e.id}_{_snake(e.name)}() -> None:\n    """Exercise {e.number}: '
+        f'{e.title} ({e.path})."""\n    assert_passes("{e.id}", WORKSPACE)\n'
+        for e in EXERCISES
+    )
+    return (
+        f'"""One test per exercise: `pytest -m ex5_1` runs the grader of Exercise 5.1 on {PACKAGE}/loss_scaling.py."""'
+        "\n\nfrom pathlib import Path\n\nimport pytest\n\nfrom tinyamp.exercises.grading import assert_passes\n\n"
+        f"WORKSPACE = Path(__file__).resolve().parents[1]\n{tests}"
+    )
+
+
+def readme(solutions: bool) -> str:
+    """The workspace's README: what to do, the exercises, and the tutorial to read for each."""
+    rows = "\n".join(
+        f"| {e.number} | `{e.id}` | {e.title} | `{e.path}`: `{e.name}` | {e.tutorial} |" for e in EXERCISES
+    )
+    what = (
+        "These are the **reference solutions** (`tinyamp exercises init --solutions`): every exercise passes."
+        if solutions
+        else "Each stub in `myamp/` raises `NotImplementedError`; its docstring states the task, the math and "
+        "the tutorial to read. Replace the `raise` with your code."
+    )
+    return f"""# Mixed precision, built by hand
+
+{what}
+
+    tinyamp exercises check              # every exercise: passed / not started / failed, and why
+    tinyamp exercises check --only 5.1   # one exercise
+    tinyamp exercises check --deep       # ten times as many hypothesis examples
+    pytest -m ex5_1                      # the same grader, as a pytest test
+
+A failure names the shortest counterexample the grader found, in words ("after 3 clean steps
+and 1 overflow your scale is 2048, the pytorch rule says 1024"). The graders check that the
+code they grade is yours: importing tinyamp's own implementation of the mechanism fails.
+
+| # | marker | exercise | where | read (in the tinyamp repository) |
+|---|---|---|---|---|
+{rows}
+"""
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))

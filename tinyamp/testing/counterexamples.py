@@ -1,0 +1,100 @@
+"""Counterexamples in words: how tinyamp.testing's checks say what went wrong.
+
+Every check runs a hypothesis property; when it fails, hypothesis shrinks the input to the
+simplest one that still fails and raises that example's AssertionError again.  The
+sentence in it is written here, from the shrunk input: "after 3 clean steps and 1
+overflow your scale is 2048, the rule says 1024", not a dump of arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, settings
+
+Check = Callable[..., Any]
+
+
+def check_settings(max_examples: int | None = None, **overrides: Any) -> settings:
+    """The hypothesis settings of a check: the loaded profile's, with `max_examples` if given.
+
+    No deadline (a student's first version may be slow, and a slow example is not a wrong
+    one), and one failure reported: the simplest, the one a student reads first.  No
+    "explain" phase: the sentence explains, and that phase replays the example hundreds of times.
+    """
+    if max_examples is not None:
+        overrides["max_examples"] = max_examples
+    overrides.setdefault("phases", [p for p in Phase if p != Phase.explain])
+    return settings(
+        deadline=None,
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        **overrides,
+    )
+
+
+def number(x: Any) -> str:
+    """A float as a student reads it: 2048, 0.5, 2^-149, inf; exact (repr) otherwise."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x) or x == 0:
+        return ("-" if math.copysign(1.0, x) < 0 else "") + ("inf" if math.isinf(x) else "0")
+    mantissa, exponent = math.frexp(abs(x))
+    sign = "-" if x < 0 else ""
+    if mantissa == 0.5 and not -16 <= exponent - 1 <= 24:
+        return f"{sign}2^{exponent - 1}"
+    if x.is_integer() and abs(x) < 2**53:
+        return str(int(x))
+    return repr(x)
+
+
+def flags_in_words(flags: list[bool]) -> str:
+    """A found_inf sequence as runs: "3 clean steps and 1 overflow", "1 overflow, 2 clean steps and 1 overflow"."""
+    if not flags:
+        return "no step"
+    runs: list[list[Any]] = []
+    for flag in flags:
+        if runs and runs[-1][0] == flag:
+            runs[-1][1] += 1
+        else:
+            runs.append([flag, 1])
+    parts = [f"{n} {'overflow' if flag else 'clean step'}{'s' if n > 1 else ''}" for flag, n in runs]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def array_in_words(a: Any, name: str = "x") -> str:
+    """`name` = its values (up to 12 of them, exact), with the shape and dtype when they matter."""
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return f"{name} = {number(a)} ({a.dtype})"
+    values = np.array2string(a.ravel()[:12], separator=", ", floatmode="unique", max_line_width=10_000)
+    more = f" ... ({a.size} values)" if a.size > 12 else ""
+    return f"{name} = {values}{more} (shape {a.shape}, {a.dtype})"
+
+
+@contextmanager
+def blamed(what: str | Callable[[], str]) -> Iterator[None]:
+    """Run the code under test: an exception other than NotImplementedError becomes an AssertionError
+    that says `what` raised it (a string, or a function that writes one from the state when it
+    failed), so that hypothesis shrinks it and the check reports it in words.
+
+    NotImplementedError passes through unchanged: a stub that is not written yet is "not started".
+    (A check raises its own AssertionError outside this block.)
+    """
+    try:
+        yield
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # any bug in the code under test is a counterexample
+        raise AssertionError(f"{what if isinstance(what, str) else what()} raised {type(exc).__name__}: {exc}") from exc
+
+
+def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` under ``blamed(what)``."""
+    with blamed(what):
+        return fn(*args, **kwargs)

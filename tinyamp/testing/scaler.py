@@ -1,0 +1,190 @@
+"""check_scaler: a loss scaler, step by step, against a published rule and the laws of loss scaling.
+
+    from tinyamp.testing import check_scaler
+
+    def test_my_scaler_is_pytorchs_rule():
+        check_scaler(lambda **settings: MyScaler(**settings), reference="pytorch")
+
+The scaler under test is built with the keywords ``init_scale, growth_factor,
+backoff_factor, growth_interval, min_scale, max_scale`` (drawn by
+``strategies.scaler_settings(reference)``: intervals of 1..6 steps, so that a few hundred
+steps reach the ceiling and the floor) and needs
+
+* ``update(found_inf)``: one step's transition;
+* ``scale``: the current scale (a number, or a method that returns one);
+* ``growth_tracker``: the clean steps counted towards the next growth (``counter=`` names
+  another attribute; ``counter=None`` compares the scale alone);
+* ``state_dict()`` and ``load_state_dict(d)`` (``round_trip=False`` skips them).
+
+A hypothesis state machine drives it and ``LossScaler.preset(reference, **settings)`` with
+the same flags, one step or hundreds at a time, and compares scale and counter after every
+step.  When they differ the failure says after which steps, what each says, and which law
+the scaler broke: an overflow backs the scale off (to the floor at most) and resets the
+counter; the scale grows after exactly N clean steps; a power-of-two scale stays a power
+of two (when the start and the factors are); the scale never grows to inf; and a scaler
+restored from ``state_dict()`` continues identically.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+
+from tinyamp.amp.presets import PRESETS
+from tinyamp.amp.scaler import LossScaler
+from tinyamp.testing.counterexamples import blamed, check_settings, flags_in_words, number
+from tinyamp.testing.strategies import scaler_settings
+
+LONGEST_RUN = 300  # flags in one rule: from 2^-30 to float32's ceiling is 157 growths
+
+
+def check_scaler(
+    make_scaler: Callable[..., Any],
+    reference: str = "pytorch",
+    *,
+    counter: str | None = "growth_tracker",
+    round_trip: bool = True,
+    max_examples: int | None = None,
+    steps: int = 30,
+) -> None:
+    """Compare the scaler `make_scaler(**settings)` builds with the preset `reference`, step by step.
+
+    `reference` is one of ``tinyamp.amp.PRESETS`` (pytorch, apex, keras, jmp, chainer).
+    `steps` is the number of rules per example (each one flag, or a run of up to 300);
+    `max_examples` defaults to the loaded hypothesis profile's.  Raises AssertionError
+    with the shortest counterexample hypothesis finds, in words.
+    """
+    if reference not in PRESETS:
+        raise ValueError(f"unknown reference rule {reference!r}; the presets are {', '.join(PRESETS)}")
+    machine = _scaler_machine(make_scaler, reference, counter, round_trip)
+    run_state_machine_as_test(machine, settings=check_settings(max_examples, stateful_step_count=steps))
+
+
+def _read(scaler: Any, name: str, kind: type) -> Any:
+    value = getattr(scaler, name)
+    return kind(value() if callable(value) else value)
+
+
+def _is_power_of_two(x: float) -> bool:
+    return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
+
+
+def broken_law(settings: dict[str, Any], reference: str, found_inf: bool, before: float, after: float,
+               tracker: int | None, rule_event: str) -> str:  # fmt: skip
+    """The law of loss scaling that the step `before` -> `after` breaks, in words ("" if none is named)."""
+    if not math.isfinite(after):
+        return "the scale must never grow to inf (refuse that growth and keep the scale, as PyTorch does)"
+    if found_inf and tracker not in (None, 0):
+        return "the counter must go back to 0 on an overflow"
+    if found_inf and after >= before and rule_event != "hit_floor":
+        return "every overflow must back the scale off"
+    interval = settings["growth_interval"]
+    if not found_inf and rule_event == "held" and after != before:
+        return f"the scale grows only after exactly growth_interval={interval} clean steps in a row"
+    if not found_inf and rule_event == "grew" and after == before:
+        return f"after growth_interval={interval} clean steps in a row the scale must grow"
+    powers = [settings["init_scale"], settings["growth_factor"], settings["backoff_factor"]]
+    if reference != "chainer" and all(_is_power_of_two(v) for v in powers):
+        if after != 0 and not _is_power_of_two(after):
+            return "a power-of-two scale must stay a power of two (the factors are powers of two)"
+    return ""
+
+
+def _scaler_machine(
+    make_scaler: Callable[..., Any], reference: str, counter: str | None, round_trip: bool
+) -> type[RuleBasedStateMachine]:
+    names = ["scale"] if counter is None else ["scale", counter]
+
+    class ScalerMachine(RuleBasedStateMachine):
+        """Your scaler and the reference rule, given the same found_inf flags; forks restored from state_dict."""
+
+        @initialize(settings=scaler_settings(reference))
+        def build(self, settings: dict[str, Any]) -> None:
+            self.settings = settings
+            self.rule = LossScaler.preset(reference, **settings).rule  # ScaleRule.next: the rule, without a history
+            self.expected = (self.rule.init_scale, 0, False, "held")  # scale, tracker, overflow_seen, event
+            self.flags: list[bool] = []
+            self.forks: list[tuple[Any, int]] = []  # (restored scaler, len(flags) when it was restored)
+            with blamed(f"make_scaler(**{settings}) or reading its {' and '.join(names)}"):
+                self.yours = make_scaler(**settings)
+                values = self.values(self.yours)
+            self.compare(values, None, math.nan)
+
+        @rule(found_inf=st.booleans())
+        def one_step(self, found_inf: bool) -> None:
+            self.apply(found_inf)
+
+        @rule(found_inf=st.booleans(), n=st.integers(2, LONGEST_RUN))
+        def run_of_steps(self, found_inf: bool, n: int) -> None:
+            for _ in range(n):
+                self.apply(found_inf)
+
+        @precondition(lambda self: round_trip and len(self.forks) < 2)
+        @rule()
+        def save_and_restore(self) -> None:
+            with blamed(lambda: f"after {flags_in_words(self.flags)}, state_dict() and load_state_dict()"):
+                saved = copy.deepcopy(self.yours.state_dict())
+                fork = make_scaler(**self.settings)
+                fork.load_state_dict(saved)
+                restored, yours = self.values(fork), self.values(self.yours)
+            self.forks.append((fork, len(self.flags)))
+            self.compare_fork(restored, yours, len(self.flags))
+
+        def values(self, scaler: Any) -> tuple[Any, ...]:
+            return tuple(_read(scaler, name, float if name == "scale" else int) for name in names)
+
+        def apply(self, found_inf: bool) -> None:
+            self.expected = self.rule.next(*self.expected[:3], found_inf)
+            self.flags.append(found_inf)
+            with blamed(lambda: f"after {flags_in_words(self.flags[:-1]) if len(self.flags) > 1 else 'no step'}, "
+                        f"update({found_inf}) or reading {' and '.join(names)}"):  # fmt: skip
+                before = _read(self.yours, "scale", float)
+                self.yours.update(found_inf)
+                values = self.values(self.yours)
+                forks = []
+                for fork, at in self.forks:
+                    fork.update(found_inf)
+                    forks.append((self.values(fork), at))
+            self.compare(values, found_inf, before)
+            for restored, at in forks:
+                self.compare_fork(restored, values, at)
+
+        def compare(self, values: tuple[Any, ...], found_inf: bool | None, before: float) -> None:
+            scale, tracker = values[0], values[1] if counter is not None else None
+            expected_scale, expected_tracker, _, event = self.expected
+            wrong = []
+            if not scale == expected_scale:  # `not ==`: a NaN scale is wrong too
+                wrong.append(f"your scale is {number(scale)}, the {reference} rule says {number(expected_scale)}")
+            if tracker is not None and tracker != expected_tracker:
+                wrong.append(f"your {counter} is {tracker}, the rule says {expected_tracker}")
+            if not wrong:
+                return
+            when = "before any step" if not self.flags else f"after {flags_in_words(self.flags)}"
+            law = "" if found_inf is None else broken_law(self.settings, reference, found_inf, before, scale,
+                                                           tracker, event)  # fmt: skip
+            law = f": {law}" if law else ""
+            raise AssertionError(f"{when} {' and '.join(wrong)}{law} (settings: {settings_in_words(self.settings)})")
+
+        def compare_fork(self, restored: tuple[Any, ...], yours: tuple[Any, ...], at: int) -> None:
+            for name, r, y in zip(names, restored, yours):
+                if not r == y:
+                    since = self.flags[at:]
+                    then = f" and then {flags_in_words(since)}" if since else ""
+                    raise AssertionError(
+                        f"a scaler restored from your state_dict() after {flags_in_words(self.flags[:at])}{then} "
+                        f"has {name} {number(r)}, yours has {number(y)}: a state_dict round trip must "
+                        f"continue identically (settings: {settings_in_words(self.settings)})"
+                    )
+
+    ScalerMachine.__name__ = f"ScalerAgainst_{reference}"
+    return ScalerMachine
+
+
+def settings_in_words(settings: dict[str, Any]) -> str:
+    """init_scale=65536, growth_factor=2, ... (numbers as ``number`` writes them)."""
+    return ", ".join(f"{k}={'None' if v is None else number(v)}" for k, v in settings.items())

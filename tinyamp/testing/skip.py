@@ -1,0 +1,168 @@
+"""check_skip: an overflowed step changes nothing; a clean one is the unscaled step, bit for bit.
+
+    from tinyamp.testing import check_skip
+
+    def test_my_step():
+        check_skip(my_skip_or_step)
+
+``step_fn(optimizer, scale) -> skipped`` gets a tinyamp optimizer (SGD with momentum, or
+Adam) whose float16 and float32 parameters hold gradients multiplied by `scale` in their
+``.grad``, after one or two earlier steps (so that momentum and moments are not zero).  It
+must unscale every gradient (multiply by 1/scale computed in float32 at least, rounded once
+into the gradient's dtype, as ``LossScaler.unscale_`` does), then call ``optimizer.step()``
+only when every unscaled gradient is finite, and return True when it skipped.
+
+The check: after an overflow (an inf or NaN in some gradient) no weight, no optimizer
+moment and not the step count changed, bit for bit; after a clean step everything equals
+the reference (unscale, then ``optimizer.step()``), bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyamp import kernels
+from tinyamp.optim import SGD, Adam
+from tinyamp.tensor import Tensor
+from tinyamp.testing.counterexamples import blamed, check_settings, number
+from tinyamp.testing.strategies import shapes
+
+OPTIMIZERS = {
+    "SGD with momentum": lambda params: SGD(params, lr=0.1, momentum=0.9),
+    "Adam": lambda params: Adam(params, lr=0.01),
+}
+
+
+def check_skip(step_fn: Callable[[Any, float], Any], *, max_examples: int | None = None) -> None:
+    """Check that `step_fn(optimizer, scale)` skips every overflowed step and takes every clean one exactly.
+
+    Raises AssertionError with the scale, the optimizer, where the inf or NaN was, and the
+    first weight, moment or count that differs.
+    """
+
+    @check_settings(max_examples)
+    @given(case=skip_cases())
+    def overflow_changes_nothing(case: dict[str, Any]) -> None:
+        yours, expected = _build(case), _build(case)
+        with blamed(f"{situation(case)}, your step"):
+            skipped = step_fn(yours, case["scale"])
+        overflow = reference_step(expected, case["scale"])
+        if not isinstance(skipped, (bool, np.bool_)):
+            raise AssertionError(f"{situation(case)}: return True when you skip the step, False when you take it; "
+                                 f"yours returned {skipped!r}")  # fmt: skip
+        if bool(skipped) != overflow:
+            raise AssertionError(
+                f"{situation(case)}: your step returned skipped={bool(skipped)}, but "
+                f"{'an unscaled gradient is not finite' if overflow else 'every gradient is finite'}"
+            )
+        difference = first_difference(yours, expected)
+        if difference and overflow:
+            raise AssertionError(
+                f"{situation(case)}: after your step {difference} (as before it): an overflowed step must change no "
+                "weight and no optimizer moment"
+            )
+        if difference:
+            raise AssertionError(
+                f"{situation(case)}: after your step {difference}: unscale every gradient (multiply by 1/scale in "
+                "float32, round once to its dtype), then call optimizer.step()"
+            )
+
+    overflow_changes_nothing()
+
+
+@st.composite
+def skip_cases(draw: Any) -> dict[str, Any]:
+    """Parameters (float16 or float32), scaled gradients maybe holding an inf or NaN, an optimizer, a scale."""
+    scale = draw(
+        st.integers(0, 30).map(lambda k: 2.0**k)  # powers of two: unscaling is exact, except among the subnormals
+        | st.sampled_from([3.0, 1000.0, 1.5 * 2.0**20])  # others: 1/scale in float16 is not 1/scale in float32
+        | st.floats(1.0, 2.0**24, width=32)
+    )
+    weights, grads, scaled = [], [], []
+    for _ in range(draw(st.integers(1, 3))):
+        dtype = draw(st.sampled_from([np.float32, np.float16]))
+        shape = draw(shapes(min_dims=1, max_dims=2, max_side=4))
+        weights.append(draw(hnp.arrays(dtype, shape, elements=st.floats(-2, 2, width=16))))
+        scaled.append(draw(hnp.arrays(dtype, shape, elements=st.floats(-(2.0**15), 2.0**15, width=16))))
+        grads.append(scaled[-1].astype(np.float64) / scale)  # the gradients of the earlier, clean steps
+    spoilers = st.tuples(
+        st.integers(0, len(scaled) - 1), st.integers(0, 99), st.sampled_from([np.inf, -np.inf, np.nan])
+    )
+    spoiler = draw(st.none() | spoilers)  # an inf or NaN at one place of one gradient, or none
+    if spoiler is not None:
+        which, element, value = spoiler
+        scaled[which].reshape(-1)[element % scaled[which].size] = value
+    return dict(
+        weights=weights, grads=grads, scaled=scaled, scale=scale,
+        optimizer=draw(st.sampled_from(sorted(OPTIMIZERS))), earlier_steps=draw(st.integers(1, 2)),
+    )  # fmt: skip
+
+
+def _build(case: dict[str, Any]) -> Any:
+    """The optimizer after its earlier clean steps, with the scaled gradients in place."""
+    params = [(f"w{i}", Tensor(w, dtype=w.dtype, requires_grad=True)) for i, w in enumerate(case["weights"])]
+    optimizer = OPTIMIZERS[case["optimizer"]](params)
+    for _ in range(case["earlier_steps"]):
+        for (_, p), g in zip(params, case["grads"]):
+            p.grad = g.astype(p.dtype)
+        optimizer.step()
+    for (_, p), g in zip(params, case["scaled"]):
+        p.grad = g.copy()
+    return optimizer
+
+
+def reference_step(optimizer: Any, scale: float) -> bool:
+    """Unscale as LossScaler does, step only if every gradient is finite; True when it skipped."""
+    finite = True
+    for p in optimizer.params:
+        kernels.multiply_(p.grad, 1.0 / scale)  # in float32 at least, rounded once into the gradient's dtype
+        finite = finite and bool(np.isfinite(p.grad).all())
+    if finite:
+        optimizer.step()
+    return not finite
+
+
+def first_difference(yours: Any, expected: Any) -> str:
+    """The first weight, optimizer state entry or count that differs, bit for bit, in words ("" if none)."""
+    if yours.step_count != expected.step_count:
+        return f"optimizer.step_count is {yours.step_count}, expected {expected.step_count}"
+    for name, p, q in zip(yours.names, yours.params, expected.params):
+        if p.data.tobytes() != q.data.tobytes():
+            return _element(f"the weight {name}", p.data, q.data)
+    for name, s, t in zip(yours.names, yours.state, expected.state):
+        for key in sorted(set(s) | set(t)):
+            a, b = s.get(key), t.get(key)
+            if np.asarray(a).tobytes() != np.asarray(b).tobytes():
+                return _element(f"the optimizer's {key} of {name}", a, b)
+    return ""
+
+
+def _element(what: str, a: Any, b: Any) -> str:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{what} has shape {a.shape} and dtype {a.dtype}, expected {b.shape} and {b.dtype}"
+    bits = f"u{a.dtype.itemsize}"
+    i = np.unravel_index(int(np.flatnonzero(a.reshape(-1).view(bits) != b.reshape(-1).view(bits))[0]), a.shape)
+    where = f"[{', '.join(map(str, i))}]" if a.ndim else ""
+    return f"{what}{where} is {number(a[i])}, expected {number(b[i])}"
+
+
+def situation(case: dict[str, Any]) -> str:
+    """In words: "with scale 1024 and an inf in the scaled gradient of w1, on Adam after 1 earlier step"."""
+    bad = [(f"w{i}", g) for i, g in enumerate(case["scaled"]) if not np.isfinite(g).all()]
+    params = ", ".join(f"w{i} {w.dtype} {w.shape}" for i, w in enumerate(case["weights"]))
+    if bad:
+        name, g = bad[0]
+        kind = "a NaN" if np.isnan(g).any() else "an inf"
+        what = f"{kind} in the scaled gradient of {name}"
+    else:
+        what = "finite scaled gradients"
+    steps = case["earlier_steps"]
+    return (f"with scale {number(case['scale'])} and {what}, on {case['optimizer']} ({params}) after {steps} earlier "
+            f"step{'s' if steps > 1 else ''}")  # fmt: skip
