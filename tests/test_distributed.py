@@ -294,6 +294,7 @@ sys.exit(code or (1 if cupy.VIOLATIONS else 0))
 """
 
 
+@pytest.mark.engine_room  # the stand-in swaps the engine room's GPU kernels (TINYAMP_ENGINE_ROOM=off has none)
 def test_the_nccl_communicator_runs_a_sharded_run_on_the_strict_stand_in(tmp_path: Path) -> None:
     """NCCL's interface, carried by MPI on CuPy stand-in arrays: no host array reaches it, the same bits as MPI's."""
     script = tmp_path / "run_on_stand_in.py"

@@ -101,6 +101,9 @@ class Communicator:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, device={self.device!r})"
 
 
+ABORT_GRACE_S = 0.5  # seconds between the last message of a failing rank and MPI_Abort
+
+
 class SingleProcess(Communicator):
     """One rank alone (size 1): every collective returns its input.  For reference runs and benchmarks."""
 
@@ -180,6 +183,9 @@ class MpiCommunicator(Communicator):
     def abort(self, message: str, code: int = 1) -> NoReturn:
         print(f"tinyamp.distributed: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        # mpiexec forwards each rank's output through a pipe; MPI_Abort kills the ranks at once, and
+        # on a busy machine the last lines could still be in that pipe (seen in CI): give them time.
+        time.sleep(ABORT_GRACE_S)
         self.world.Abort(code)  # every rank of the job stops; mpiexec exits with a non-zero status
         raise SystemExit(code)  # not reached
 
@@ -256,6 +262,7 @@ class NcclCommunicator(Communicator):
 
     def abort(self, message: str, code: int = 1) -> NoReturn:
         print(f"tinyamp.distributed: {message}", file=sys.stderr, flush=True)
+        time.sleep(ABORT_GRACE_S)  # as MpiCommunicator.abort: let mpiexec forward the message first
         self.world.Abort(code)
         raise SystemExit(code)  # not reached
 
@@ -313,5 +320,5 @@ def abort_on_error(comm: Communicator) -> Iterator[None]:
         raise
     except BaseException as exc:  # KeyboardInterrupt included: the others must not wait for this rank
         details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        print(details, file=sys.stderr, flush=True)
+        sys.stderr.write(details)  # the message follows in abort(); both before MPI_Abort kills the job
         comm.abort(f"rank {comm.rank} of {comm.size} raised {type(exc).__name__}: {exc}; stopping every rank", 1)
