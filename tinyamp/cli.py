@@ -157,13 +157,6 @@ def _check_device(device: str) -> None:
         raise UsageError(str(exc)) from exc
 
 
-def _check_positive(args: argparse.Namespace, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
-
-
 def _check_precision(precision: str, device: str) -> None:
     from tinyamp.experiments.regimes import REGIMES, bfloat16_available
 
@@ -206,10 +199,9 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     from tinyamp.experiments.runner import demo_regimes, run_all
     from tinyamp.experiments.tasks import CharTransformer, DigitsMLP
 
-    _check_positive(args, "steps")
     if args.transformer_steps < 0:
         raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or more; got {args.transformer_steps}")
-    _check_settings(args, "seed")
+    _check_settings(args, "steps", "seed")  # the rules `train` and its checkpoints use
     _check_device(args.device)
     out = _output_folder(args.out)
     progress = _progress(args.quiet)
@@ -229,7 +221,7 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     print(format_table(mlp_results))
     print(footnotes())
     for r in mlp_results:
-        if diverged(r, 0):
+        if diverged(r):
             print(f"{r.regime}: DIVERGED: its loss ended {r.series['loss'][-1]}, {r.skipped_steps} steps skipped")
     print()
     print(_mlp_verdict({r.regime: r for r in mlp_results}))
@@ -518,7 +510,7 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
             print(f"peak allocated during the last step: {result.memory['peak_step_bytes']:,} bytes (measured)")
         if not args.quiet:
             print(footnotes())
-        failed = explain(task, setup, result, start) if diverged(result, start) else None
+        failed = explain(task, setup, result, start) if diverged(result) else None
         if out is not None:
             document = results_document({task.name: (task, [result])}, {"command": "train", "resumed_from": start})
             manifest = {"command": "train", "finished": True, "step": args.steps, "total_steps": args.steps}

@@ -334,7 +334,7 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator) -> int:
                                progress=bar, memory=bool(getattr(args, "memory", False)),
                                after_step=after_step)  # fmt: skip
     rows = exchange_json(comm, setup.row(result.skipped_steps))
-    why = exchange_json(comm, explain(task, setup, result, start) if diverged(result, start) else None)
+    why = exchange_json(comm, explain(task, setup, result, start) if diverged(result) else None)
     failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
     twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and not failed else None
     if getattr(args, "dump", None):

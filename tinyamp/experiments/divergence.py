@@ -21,8 +21,8 @@ from tinyamp import backend
 from tinyamp.inspect import find_overflow
 
 
-def diverged(result: Any, start: int) -> bool:
-    """Whether `result` (a RegimeResult of the steps from `start` on) is a diverged run."""
+def diverged(result: Any) -> bool:
+    """Whether `result` (a RegimeResult) is a diverged run."""
     losses = result.series["loss"]
     final = [v for v in result.metrics.values() if isinstance(v, float)]
     every_step_skipped = bool(losses) and result.skipped_steps == len(losses)
