@@ -121,8 +121,9 @@ def _one_blas_thread() -> Any:
 
     OpenBLAS splits a product's work differently with another thread count, and the float32
     sums round differently: the same run gave other weights with 2 threads than with 1
-    (tests/test_cli.py checks that the command's do not).  The demo's products are small (at
-    most 1024x64 by 64x256); benchmarks/demo_time.py measures what one thread costs them.
+    (tests/test_cli.py checks that the command's do not).  The demo's products are small (the
+    largest, in the transformer, is 1024x64 by 64x256, and its two gradient products are the
+    same size); benchmarks/demo_time.py measures what one thread costs them.
     """
     try:
         from threadpoolctl import threadpool_limits
