@@ -319,7 +319,7 @@ class StateDictWithoutTheTracker(Scaler):
         (GrowthOnTheOverflowStep, r"after .*overflow your (scale|growth_tracker) is .*, the (pytorch )?rule says"),
         (
             GrowsToInf,
-            r"after \d+ clean steps your scale is inf, the (pytorch|jmp) rule says .*: the scale must never grow",
+            r"after \d+ clean steps? your scale is inf, the (pytorch|jmp) rule says .*: the scale must never grow",
         ),
         (NoFloor, r"after .*overflows? your scale is .*, the jmp rule says .*\(settings: .*min_scale="),
         (ScaleKeptAsPythonFloat, r"your scale is .*, the pytorch rule says .*\(settings: .*backoff_factor=0\.\d"),

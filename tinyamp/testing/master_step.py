@@ -25,7 +25,7 @@ from typing import Any
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tinyamp.amp.master import MasterWeights
@@ -33,6 +33,23 @@ from tinyamp.optim import SGD
 from tinyamp.tensor import Tensor
 from tinyamp.testing.counterexamples import array_in_words, blamed, check_settings, number
 from tinyamp.testing.strategies import half_arrays, lost_update_cases, shapes
+
+# Two cases every run checks, whatever hypothesis draws: where the master carries bits below
+# float16's, "w16 did not move" and "the update was lost" part ways.  The float16 ulp of 1 is
+# u = 2^-10 above it and u/2 below it; the step adds -lr * grad = +0.25u or +0.625u.
+_U = 2.0**-10
+LOST_BUT_MOVES_W16 = (  # 1 + 0.375u + 0.25u = 1 + 0.625u rounds up to 1 + u; 1 + 0.25u alone rounds back to 1
+    np.array([1.0], np.float16),
+    np.array([1 + 0.375 * _U], np.float32),
+    np.array([-0.25], np.float16),
+    _U,
+)
+KEPT_BUT_LEAVES_W16 = (  # 1 - 0.21875u + 0.625u = 1 + 0.40625u rounds to 1; 1 + 0.625u alone rounds up: kept
+    np.array([1.0], np.float16),
+    np.array([1 - 0.21875 * _U], np.float32),
+    np.array([-0.625], np.float16),
+    _U,
+)
 
 
 def check_master_step(step_fn: Callable[..., Any], *, max_examples: int | None = None) -> None:
@@ -43,6 +60,8 @@ def check_master_step(step_fn: Callable[..., Any], *, max_examples: int | None =
 
     @check_settings(max_examples)
     @given(case=master_step_cases())
+    @example(case=LOST_BUT_MOVES_W16)
+    @example(case=KEPT_BUT_LEAVES_W16)
     def step_in_float32_round_once(case: tuple[np.ndarray, np.ndarray, np.ndarray, float]) -> None:
         w16, master, grad16, lr = case
         where = (f"for {array_in_words(w16, 'w16')}, {array_in_words(master, 'master')}, "
