@@ -62,10 +62,10 @@ def bits16(a: np.ndarray) -> np.ndarray:
 # ## 1. Speed: what this machine can measure
 #
 # The speed of mixed precision comes from hardware: Tensor Cores run FP16 products with FP32
-# accumulation at several times the FP32 rate (NVIDIA's V100 datasheet: 125 against 15.7
-# TFLOP/s), and FP16 operands halve the bytes moved. A CPU has neither: NumPy's BLAS has no FP16
-# product, so an FP16 matmul is emulated (the casts cost extra time), and NumPy's own float16
-# matmul is a plain loop outside BLAS.
+# accumulation at several times the FP32 rate (NVIDIA's V100 datasheet, SXM2 module: 125 Tensor
+# TFLOP/s against 15.7 FP32 TFLOP/s; the PCIe card, 112 against 14), and FP16 operands halve
+# the bytes moved. A CPU has neither: NumPy's BLAS has no FP16 product, so an FP16 matmul is
+# emulated (the casts cost extra time), and NumPy's own float16 matmul is a plain loop outside BLAS.
 #
 # The cell below looks for a GPU through `tinyamp.backend` (CuPy with a visible device). On a
 # GPU it measures, in this run, the throughput of FP16 and FP32 matrix products and the peak
