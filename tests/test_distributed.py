@@ -12,6 +12,8 @@ claims, each a test:
 * an overflow only one rank sees: with the agreement every rank skips; without it they part;
 * a rank that raises, dies or hangs stops every rank within seconds; different settings are refused;
 * a sharded run's checkpoint resumes bit for bit, on 2 ranks and in 1 process;
+* Ctrl-C or SIGTERM, even if only one rank sees it, stops every rank after the same step, saves
+  a checkpoint that resumes bit for bit, and exits 130 or 143; mpiexec passes Ctrl-C on;
 * the NCCL communicator runs a sharded run on the strict CuPy stand-in (no host/device mix).
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -249,6 +252,54 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_proces
         assert same_bits(fa[key], fs[key]) and same_bits(f1[key], fs[key]), key
     assert again["scales"] == alone["scales"] == straight["scales"]  # the scaler's history travels in the file
     assert again["loss"] == straight["loss"][3:]
+
+
+
+@pytest.mark.parametrize(("fault", "status", "extra"), [("sigint", 130, []), ("sigterm", 143, ["--zero"])])
+def test_a_signal_only_one_rank_sees_stops_every_rank_after_that_step_and_the_checkpoint_resumes_bit_for_bit(
+    tmp_path: Path, fault: str, status: int, extra: list[str]
+) -> None:
+    """Rank 1 alone gets the signal in step 2; both stop after it, at 3 of 6; a resume ends as a straight run."""
+    args = ["--steps", "6", *extra]
+    (straight, fs), _ = run_and_dump(tmp_path, "straight", 2, *args)
+    out = tmp_path / "run"
+    stopped = launch(2, *SMALL, *args, "--out", str(out), "--fault", f"{fault}@2:1")
+    assert stopped.returncode == status, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    name = fault.upper()
+    assert f"stopped by {name} at step 3 of 6 on every rank; wrote {out / 'checkpoint.npz'}" in stopped.stderr
+    assert json.loads((out / "tinyamp-run.json").read_text())["step"] == 3
+    (again, fa), _ = run_and_dump(tmp_path, "again", 2, "--resume", str(out / "checkpoint.npz"), *extra)
+    for key in fs:
+        assert same_bits(fa[key], fs[key]), key
+    assert again["loss"] == straight["loss"][3:]
+
+
+def test_a_signal_without_out_stops_every_rank_and_says_nothing_was_written() -> None:
+    result = launch(2, *SMALL, "--steps", "6", "--fault", "sigint@1:0")
+    assert result.returncode == 130, result.stderr[-2000:]
+    assert "stopped by SIGINT at step 2 of 6 on every rank; nothing was written" in result.stderr
+
+
+def test_ctrl_c_to_mpiexec_reaches_every_rank_which_stop_together_and_save(tmp_path: Path) -> None:
+    """The real path: SIGINT to mpiexec, which passes it on to the ranks, at whatever step they reached."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "tinyamp.distributed", *SMALL, "--steps", "1000000",
+           "--out", str(out), "--checkpoint-every", "1"]  # fmt: skip
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (out / "tinyamp-run.json").exists():  # the first checkpoint: the ranks are training
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=TIMEOUT_S)
+    finally:
+        job.kill()
+    assert job.returncode == 130, stderr[-2000:]
+    manifest = json.loads((out / "tinyamp-run.json").read_text())
+    assert manifest["finished"] is False and 1 <= manifest["step"] < 1_000_000
+    assert f"stopped by SIGINT at step {manifest['step']} of 1000000 on every rank" in stderr
 
 
 RUN_ON_STAND_IN = """

@@ -8,6 +8,9 @@ exit       leave at once with status 7, as a crash would: mpiexec sees it and st
 kill       kill itself with SIGKILL (out of memory, say): mpiexec sees it and stops the others
 hang       sleep instead of computing: the others wait in their next collective until its
            timeout (``--timeout``), then abort the job
+sigint     send itself SIGINT (Ctrl-C), as if only this rank had seen it: every rank stops
+           after this step, the step they agree on, and a run with ``--out`` saves a checkpoint
+sigterm    the same with SIGTERM (what a batch scheduler sends before it kills a job)
 =========  ===================================================================================
 
 ``--overflow-at STEP:RANK`` is not a fault but an overflow that only rank RANK sees at step STEP
@@ -22,7 +25,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-FAULTS = ("raise", "exit", "kill", "hang")
+FAULTS = ("raise", "exit", "kill", "hang", "sigint", "sigterm")
 
 
 def parse_at(text: str, what: str = "--overflow-at") -> tuple[int, int]:
@@ -62,4 +65,7 @@ class Fault:
             os._exit(7)
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind in ("sigint", "sigterm"):
+            os.kill(os.getpid(), signal.SIGINT if self.kind == "sigint" else signal.SIGTERM)
+            return  # the handler only notes it: the step goes on, and the ranks stop after it
         time.sleep(10**6)  # "hang"

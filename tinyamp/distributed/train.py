@@ -40,6 +40,7 @@ from tinyamp.distributed.communicator import (
 from tinyamp.distributed.data_parallel import DataParallel
 from tinyamp.distributed.faults import Fault, parse_at
 from tinyamp.experiments import run_settings
+from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.regimes import REGIMES, Setup, make_scaler
 from tinyamp.tensor import Tensor
 
@@ -193,10 +194,10 @@ def run_distributed(args: Any) -> int:
     """
     settings = settings_of(args)
     comm = make_communicator(settings["device"], float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S))
-    with abort_on_error(comm):
+    with handle_signals() as stop, abort_on_error(comm):
         try:
             check_same_settings(comm, settings)
-            return _train(args, settings, comm)
+            return _train(args, settings, comm, stop)
         except DistributedUsageError as exc:
             if comm.rank == 0:
                 print(f"tinyamp: error: {exc}", file=sys.stderr)
@@ -269,7 +270,18 @@ def _on_rank0(comm: Communicator, fn: Any) -> Any:
     return value
 
 
-def _train(args: Any, s: dict[str, Any], comm: Communicator) -> int:
+def signal_on_any_rank(comm: Communicator, stop: Stop) -> int:
+    """The signal some rank has received (0: none), the same answer on every rank: one small all-reduce.
+
+    mpiexec passes Ctrl-C and SIGTERM on to every rank, but each rank sees it between other
+    bytecodes, maybe one step later than the others; stopping only at the step they agree on
+    keeps the collectives matched and the checkpoint one consistent state.
+    """
+    signum = comm.allreduce(comm.xp.asarray([stop.signum or 0], dtype=np.int32), op="max")
+    return int(backend.to_device(signum, "cpu")[0])
+
+
+def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     from tinyamp.experiments.divergence import diverged, explain
     from tinyamp.experiments.output_folder import OutputFolder
     from tinyamp.experiments.results import format_table, results_document
@@ -318,40 +330,77 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator) -> int:
         save_checkpoint(folder / "checkpoint.npz", twin[0], twin[1], setup.scaler, extra)
         return "checkpoint.npz"
 
+    def save_unit(done: int) -> None:  # collective: every rank calls it after the same step
+        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer)
+        if comm.rank == 0:
+            manifest = {"command": "train", "finished": False, "step": done, "total_steps": s["steps"]}
+            out.write(lambda folder: [save(folder, done, twin)], manifest)
+        comm.barrier()  # the checkpoint is on disk before any rank goes on (and may fail)
+
     def after_step(done: int) -> None:
         if getattr(args, "dump", None):
             setup.record_fingerprint()
-        if writes and s["checkpoint_every"] and done % s["checkpoint_every"] == 0 and done < s["steps"]:
-            twin = checkpoint.single_process_copy(dp, model, task.make_optimizer)  # collective
-            if comm.rank == 0:
-                manifest = {"command": "train", "finished": False, "step": done, "total_steps": s["steps"]}
-                out.write(lambda folder: [save(folder, done, twin)], manifest)
-            comm.barrier()  # the checkpoint is on disk before any rank goes on (and may fail)
+        if done == s["steps"]:
+            return  # the run is complete: a signal now waits for its files to be written
+        signum = signal_on_any_rank(comm, stop)
+        if signum:
+            if writes:
+                save_unit(done)
+            raise Interrupted(signum, done)
+        if writes and s["checkpoint_every"] and done % s["checkpoint_every"] == 0:
+            save_unit(done)
 
     bar = _progress(comm.rank == 0 and not getattr(args, "quiet", False))
-    with np.errstate(all="ignore"):
-        result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
-                               progress=bar, memory=bool(getattr(args, "memory", False)),
-                               after_step=after_step)  # fmt: skip
-    rows = exchange_json(comm, setup.row(result.skipped_steps))
-    why = exchange_json(comm, explain(task, setup, result, start) if diverged(result) else None)
-    failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
-    twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and not failed else None
-    if getattr(args, "dump", None):
-        _dump(Path(args.dump), setup, dp, result, rows)
-    if comm.rank == 0:
-        print(format_table([result]))
-        print(format_ranks(rows))
-        if out is not None:
-            config = {"command": "train", "resumed_from": start, "distributed": {**distributed, "per_rank": rows}}
-            document = results_document({task.name: (task, [result])}, config)
-            manifest = {"command": "train", "finished": True, "step": s["steps"], "total_steps": s["steps"]}
-            written = out.write(lambda folder: _fill(folder, document, None if failed else
-                                                     (lambda f: save(f, s["steps"], twin))), manifest)  # fmt: skip
-            print(f"wrote {', '.join(written)} to {out.path}")
+    with stop.at_step_boundaries(), np.errstate(all="ignore"):
+        try:
+            result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
+                                   progress=bar, memory=bool(getattr(args, "memory", False)),
+                                   after_step=after_step)  # fmt: skip
+        except Interrupted as exc:
+            if comm.rank == 0:
+                _say_stopped(exc, s, comm.size, out)
+            return exc.exit_status
+        rows = exchange_json(comm, setup.row(result.skipped_steps))
+        why = exchange_json(comm, explain(task, setup, result, start) if diverged(result) else None)
+        failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
+        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and not failed else None
+        if getattr(args, "dump", None):
+            _dump(Path(args.dump), setup, dp, result, rows)
+        if comm.rank == 0:
+            print(format_table([result]))
+            print(format_ranks(rows))
+            if out is not None:
+                config = {"command": "train", "resumed_from": start, "distributed": {**distributed, "per_rank": rows}}
+                document = results_document({task.name: (task, [result])}, config)
+                manifest = {"command": "train", "finished": True, "step": s["steps"], "total_steps": s["steps"]}
+                written = out.write(lambda folder: _fill(folder, document, None if failed else
+                                                         (lambda f: save(f, s["steps"], twin))), manifest)  # fmt: skip
+                print(f"wrote {', '.join(written)} to {out.path}")
+            if failed:
+                print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
+            elif stop.requested:
+                print(f"tinyamp: {stop.name} arrived after the last step; the finished run was written",
+                      file=sys.stderr)  # fmt: skip
         if failed:
-            print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
-    return 3 if failed else 0
+            return 3
+        return 128 + stop.signum if stop.signum else 0
+
+
+def _say_stopped(exc: Interrupted, s: dict[str, Any], ranks: int, out: Any) -> None:
+    """Rank 0's sentence after a signal stopped the run: where it stopped, what was written, how to go on."""
+    where = f"tinyamp: stopped by {exc.name} at step {exc.step} of {s['steps']} on every rank"
+    if out is None:
+        print(f"\n{where}; nothing was written (with --out DIR a stopped run leaves a checkpoint to resume from)",
+              file=sys.stderr)  # fmt: skip
+        return
+    flags = [f"--device {s['device']}"] if s["device"] != "cpu" else []
+    flags += [f"--reduce-dtype {s['reduce_dtype']}"] if s["reduce_dtype"] != "float32" else []
+    flags += ["--zero"] if s["zero"] else []
+    flags += [f"--micro-batches {s['micro_batches']}"] if s["micro_batches"] != 1 else []
+    flags += ["--no-agree"] if not s["agree"] else []
+    checkpoint_path = out.path / "checkpoint.npz"
+    print(f"\n{where}; wrote {checkpoint_path}. Continue with:\n  mpiexec -n {ranks} python -m tinyamp.distributed "
+          f"--resume {checkpoint_path} --out {out.path}{''.join(' ' + f for f in flags)}", file=sys.stderr)  # fmt: skip
 
 
 def _checked_folder(folder_type: Any, path: str) -> Any:
