@@ -12,6 +12,7 @@ claims, each a test:
 * an overflow only one rank sees: with the agreement every rank skips; without it they part;
 * a rank that raises, dies or hangs stops every rank within seconds; different settings are refused;
 * a sharded run's checkpoint resumes bit for bit, on 2 ranks and in 1 process;
+* a finished run extends to a new total with --extend (refused without it), as in one process;
 * Ctrl-C or SIGTERM, even if only one rank sees it, stops every rank after the same step, saves
   a checkpoint that resumes bit for bit, and exits 130 or 143; mpiexec passes Ctrl-C on;
 * the NCCL communicator runs a sharded run on the strict CuPy stand-in (no host/device mix).
@@ -253,6 +254,30 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_proces
     assert again["scales"] == alone["scales"] == straight["scales"]  # the scaler's history travels in the file
     assert again["loss"] == straight["loss"][3:]
 
+
+
+def test_a_finished_run_extends_to_a_new_total_only_with_extend_and_a_constant_rate_continues_exactly(
+    tmp_path: Path,
+) -> None:
+    """6 straight steps at a constant rate = 3 steps, then --resume --steps 6 --extend, bit for bit."""
+    args = ["--schedule", "constant", "--zero"]
+    (straight, fs), _ = run_and_dump(tmp_path, "straight", 2, *args, "--steps", "6")
+    first = launch(2, *SMALL, *args, "--steps", "3", "--out", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    resume = ["--resume", str(tmp_path / "first" / "checkpoint.npz"), "--zero", "--steps", "6"]
+    refused = launch(2, *SMALL, *resume)
+    assert refused.returncode == 2
+    assert "finished (3 of 3 steps); add --extend to continue it to 6 steps" in refused.stderr
+    alone = launch(2, *SMALL, "--steps", "6", "--extend")
+    assert alone.returncode == 2 and "--extend continues a saved run to more steps; it needs --resume" in alone.stderr
+    folder = tmp_path / "again"
+    extended = launch(2, *SMALL, *resume, "--extend", "--dump", str(folder))
+    assert extended.returncode == 0, extended.stderr[-2000:]
+    assert "the steps from 3 on are those a straight 6-step run takes" in extended.stdout
+    (again, fa), _ = dumped(folder, 2)
+    for key in fs:
+        assert same_bits(fa[key], fs[key]), key
+    assert again["loss"] == straight["loss"][3:]
 
 
 @pytest.mark.parametrize(("fault", "status", "extra"), [("sigint", 130, []), ("sigterm", 143, ["--zero"])])

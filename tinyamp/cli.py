@@ -367,34 +367,11 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
 
 def _plan_resume(args: argparse.Namespace, saved: dict[str, Any], task: Any) -> str | None:
     """Check --steps and --extend against where the saved run stands; return a note for an extension."""
-    step, total = saved["step"], saved["total_steps"]
-    if args.steps is None:
-        args.steps = total
-    if step == total and args.steps == total:
-        raise UsageError(
-            f"the checkpoint's run is finished ({step} of {total} steps); to train it further, pass --steps N "
-            "(the new total) and --extend"
-        )
-    if args.steps <= step:
-        raise UsageError(
-            f"the checkpoint has already trained {step} steps; --steps is the total, pass more than that"
-        )
-    if args.steps == total:
-        return None  # finishing an interrupted run: the schedule continues where it stopped
-    if step == total and not args.extend:
-        raise UsageError(
-            f"the checkpoint's run is finished ({step} of {total} steps); add --extend to continue it to "
-            f"{args.steps} steps, knowing that {run_settings.extension_note(task, step, total, args.steps)}"
-        )
-    if not args.extend:
-        raise UsageError(
-            f"--steps {args.steps} differs from the checkpoint's total of {total} steps: "
-            f"{run_settings.extension_note(task, step, total, args.steps)}; leave out --steps to finish the saved "
-            "run, or add --extend to continue it to the new total"
-        )
-    return f"extending the run saved at step {step} of {total} to {args.steps} steps: " + run_settings.extension_note(
-        task, step, total, args.steps
-    )
+    try:
+        args.steps, note = run_settings.plan_resume(saved, args.steps, args.extend, task)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return note
 
 
 def _check_batch_size(task: Any) -> None:

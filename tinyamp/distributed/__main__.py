@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR")
     p.add_argument("--checkpoint-every", type=int, metavar="N")
     p.add_argument("--resume", metavar="CHECKPOINT")
+    p.add_argument("--extend", action="store_true", help="with --resume and --steps: continue a run to a new total")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--reduce-dtype", choices=tuple(REDUCTIONS), default="float32",

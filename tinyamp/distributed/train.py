@@ -223,8 +223,8 @@ def _problem(s: dict[str, Any], size: int) -> str | None:
         return f"--reduce-dtype {s['reduce_dtype']} sums FP16 gradients; --precision {regime.name} has none"
     if not isinstance(s["micro_batches"], int) or s["micro_batches"] < 1:
         return f"--micro-batches must be a whole number of at least 1; got {s['micro_batches']!r}"
-    if s["extend"]:
-        return "--extend is not available with --distributed yet: resume to the saved total, then start a new run"
+    if s["extend"] and s["resume"] is None:
+        return "--extend continues a saved run to more steps; it needs --resume CHECKPOINT"
     parts = size * s["micro_batches"]
     if s["batch_size"] is not None and s["batch_size"] % parts:
         return (f"--batch-size {s['batch_size']} does not split into {size} ranks x {s['micro_batches']} micro-batches;"
@@ -234,8 +234,8 @@ def _problem(s: dict[str, Any], size: int) -> str | None:
     return None
 
 
-def _resume_settings(s: dict[str, Any]) -> int:
-    """Take the stored settings of --resume (refusing any given that differ); return the step it resumes at."""
+def _resume_settings(s: dict[str, Any]) -> dict[str, Any]:
+    """Take the stored settings of --resume (refusing any given that differ); return them."""
     from tinyamp.amp.training_state import read_extra
 
     try:
@@ -247,13 +247,7 @@ def _resume_settings(s: dict[str, Any]) -> int:
             raise DistributedUsageError(f"--{key.replace('_', '-')} {s[key]} differs from the checkpoint's "
                                         f"{saved[key]}: a resumed run keeps its settings")  # fmt: skip
         s[key] = saved[key]
-    if s["steps"] not in (None, saved["total_steps"]):
-        raise DistributedUsageError("--steps differs from the checkpoint's total; --extend is not available with "
-                                    "--distributed: leave out --steps")  # fmt: skip
-    s["steps"] = saved["total_steps"]
-    if saved["step"] >= saved["total_steps"]:
-        raise DistributedUsageError(f"the checkpoint's run is finished ({saved['step']} of {saved['total_steps']})")
-    return saved["step"]
+    return saved
 
 
 def _on_rank0(comm: Communicator, fn: Any) -> Any:
@@ -288,14 +282,23 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     from tinyamp.experiments.runner import run_regime
     from tinyamp.experiments.tasks import TASKS
 
-    start = _resume_settings(s) if s["resume"] else 0
+    saved = _resume_settings(s) if s["resume"] else None
+    start = saved["step"] if saved else 0
     why = _problem(s, comm.size)
     if why is not None:
         raise DistributedUsageError(why)
     s["model"], s["precision"] = s["model"] or "mlp", s["precision"] or "mixed"
-    s["seed"], s["steps"] = s["seed"] or 0, s["steps"] or DEFAULT_STEPS
+    s["seed"] = s["seed"] or 0
+    if saved is None:
+        s["steps"] = s["steps"] or DEFAULT_STEPS
     overrides = {k: s[k] for k in ("batch_size", "lr", "schedule") if s[k] is not None}
     task = TASKS[s["model"]](seed=s["seed"], device=s["device"], **overrides)
+    extension = None
+    if saved is not None:  # --steps and --extend against where the saved run stands, as `tinyamp train` checks them
+        try:
+            s["steps"], extension = run_settings.plan_resume(saved, s["steps"], s["extend"], task)
+        except ValueError as exc:
+            raise DistributedUsageError(str(exc)) from exc
     if task.batch_size % (comm.size * s["micro_batches"]):
         raise DistributedUsageError(f"the batch of {task.batch_size} does not split into {comm.size} ranks x "
                                     f"{s['micro_batches']} micro-batches; pass --batch-size")  # fmt: skip
@@ -323,7 +326,10 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         mode = "ZeRO-1 (masters and moments sharded)" if s["zero"] else "replicated masters"
         print(f"{task.name} in {s['precision']} on {comm.size} ranks x batch {task.batch_size // comm.size} "
               f"({mode}, gradients summed in {s['reduce_dtype']}, agreement {'on' if s['agree'] else 'OFF'}): "
-              f"{s['steps']} steps, lr {task.lr} ({task.schedule}), seed {s['seed']}")  # fmt: skip
+              f"{s['steps']} steps, lr {task.lr} ({task.schedule}), seed {s['seed']}"
+              f"{f', resumed at step {start}' if start else ''}")  # fmt: skip
+    if comm.rank == 0 and extension is not None:
+        print(extension)
 
     def save(folder: Path, step: int, twin: Any) -> str:
         extra = {"train": {**train, "step": step}, "distributed": distributed}

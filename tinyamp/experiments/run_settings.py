@@ -87,3 +87,34 @@ def extension_note(task: Any, step: int, old_total: int, new_total: int) -> str:
         f"becomes {now:.3g} where the saved run's schedule gives {was:.3g}; the result differs from a straight "
         f"{new_total}-step run"
     )
+
+
+def plan_resume(saved: dict[str, Any], steps: int | None, extend: bool, task: Any) -> tuple[int, str | None]:
+    """The total a resumed run trains to, and a note when it extends the saved run (None when it finishes it).
+
+    `saved` holds the checkpoint's ``step`` and ``total_steps``; `steps` is the --steps given
+    (None: the saved total).  Raises ValueError when the two disagree without `extend`.
+    """
+    step, total = saved["step"], saved["total_steps"]
+    steps = total if steps is None else steps
+    if step == total and steps == total:
+        raise ValueError(
+            f"the checkpoint's run is finished ({step} of {total} steps); to train it further, pass --steps N "
+            "(the new total) and --extend"
+        )
+    if steps <= step:
+        raise ValueError(f"the checkpoint has already trained {step} steps; --steps is the total, pass more than that")
+    if steps == total:
+        return steps, None  # finishing an interrupted run: the schedule continues where it stopped
+    note = extension_note(task, step, total, steps)
+    if step == total and not extend:
+        raise ValueError(
+            f"the checkpoint's run is finished ({step} of {total} steps); add --extend to continue it to "
+            f"{steps} steps, knowing that {note}"
+        )
+    if not extend:
+        raise ValueError(
+            f"--steps {steps} differs from the checkpoint's total of {total} steps: {note}; leave out --steps to "
+            "finish the saved run, or add --extend to continue it to the new total"
+        )
+    return steps, f"extending the run saved at step {step} of {total} to {steps} steps: {note}"
