@@ -20,6 +20,7 @@ import pytest
 from tinyamp.exercises import command
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, find
 from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED, float16_conversion, grade, tinyamp_names_used
+from tinyamp.exercises.solutions import data_parallel as data_parallel_solutions
 from tinyamp.exercises.solutions import loss_scaling as scaling_solutions
 from tinyamp.exercises.solutions import master_weights as master_solutions
 from tinyamp.exercises.solutions import op_policy as policy_solutions
@@ -520,6 +521,53 @@ def test_ex1_3_grader_fails_wrong_products(wrong: Callable, match: str) -> None:
     _grade_wrong("ex1_3", wrong, match)
 
 
+# 9.1: the mean gradient across ranks
+def sum_always_in_float32(grads: list[np.ndarray], reduction: str) -> np.ndarray:
+    return data_parallel_solutions.mean_gradient(grads, "float32")
+
+
+def sum_in_reverse_rank_order(grads: list[np.ndarray], reduction: str) -> np.ndarray:
+    return data_parallel_solutions.mean_gradient(grads[::-1], reduction)
+
+
+def predivide_after_the_sum(grads: list[np.ndarray], reduction: str) -> np.ndarray:
+    return data_parallel_solutions.mean_gradient(grads, "float16" if reduction == "float16-predivide" else reduction)
+
+
+@pytest.mark.parametrize(
+    "wrong, match",
+    [
+        (sum_always_in_float32, r"and reduction 'float16': your mean\[0\] is .*: sum in rank order in float16"),
+        (sum_in_reverse_rank_order, r"g_0 = \[2\.048e\+03\].* your mean\[0\] is 683\.33.*, expected 682\.66"),
+        (predivide_after_the_sum, r"'float16-predivide': your mean\[0\] is 2\^-24, expected 0: divide each"),
+        (lambda grads, reduction: np.float16(1) * grads[0], r"return a float32 array of shape"),
+    ],
+)
+def test_ex9_1_grader_fails_wrong_means(wrong: Callable, match: str) -> None:
+    _grade_wrong("ex9_1", wrong, match)
+
+
+def test_ex9_1_reference_is_the_all_reduce_arithmetic() -> None:
+    """The grader's reference (tinyamp.kernels, no MPI) gives the bits of allreduce's own functions."""
+    allreduce = pytest.importorskip("tinyamp.distributed.allreduce", reason="needs mpi4py (pip install -e '.[mpi]')")
+    from tinyamp.exercises.graders.data_parallel import reference_mean
+
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 3, 5, 8):
+        with np.errstate(over="ignore"):  # a few values beyond 65504 become inf, as gradients can
+            grads = [(rng.standard_normal(64) * rng.choice([1e-6, 1.0, 3e4], 64)).astype(np.float16) for _ in range(n)]
+        for name, r in allreduce.REDUCTIONS.items():
+            parts = [g.astype(r.dtype) for g in grads]
+            with np.errstate(over="ignore", invalid="ignore"):
+                if r.predivide:
+                    parts = [allreduce.divide(q, n) for q in parts]
+                total = allreduce.sum_in_rank_order(parts).astype(np.float32)
+                expected = total if r.predivide else allreduce.divide(total, n)
+                got = reference_mean(grads, name)
+            assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)) or np.array_equal(
+                got, expected, equal_nan=True), (n, name)  # fmt: skip
+
+
 # ---- grading a workspace: the code must be the student's ---------------------------------------------------
 @pytest.fixture(scope="module")
 def solutions_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -623,7 +671,7 @@ def test_init_writes_the_stubs_or_the_solutions_and_never_over_a_workspace(
     assert 'raise NotImplementedError("Exercise 5.1: ' in stub and "self.growth_tracker = 0" not in stub
     ini = (tmp_path / "ws/pytest.ini").read_text()
     assert all(f"    {e.id}: Exercise {e.number}, " in ini for e in EXERCISES)
-    assert "wrote 11 files" in capsys.readouterr().out
+    assert "wrote 12 files" in capsys.readouterr().out
     assert run("init", str(tmp_path / "ws")) == 2
     assert "ws/myamp already exists: init never writes over a workspace" in capsys.readouterr().err
     assert run("init", str(tmp_path / "sol"), "--solutions") == 0
@@ -676,7 +724,7 @@ def test_pytest_markers_select_one_exercise_in_a_workspace(tmp_path: Path) -> No
         [sys.executable, "-m", "pytest", str(workspace), "-m", "ex1_2 or ex2_1", "-p", "no:cacheprovider"],
         capture_output=True, text=True, timeout=300, cwd=workspace, env=env,
     )  # fmt: skip
-    assert "1 failed, 1 passed, 11 deselected" in done.stdout, done.stdout + done.stderr
+    assert "1 failed, 1 passed, 12 deselected" in done.stdout, done.stdout + done.stderr
     assert "Exercise 2.1 is not started: write softmax_backward in myamp/backward.py" in done.stdout
 
 

@@ -48,6 +48,7 @@ T4 = "tutorials/04_fp32_master_weights.py"
 T5 = "tutorials/05_loss_scaling.py"
 T6 = "tutorials/06_the_op_policy.py"
 T7 = "tutorials/07_memory_and_checkpointing.py"
+T9 = "tutorials/09_mixed_precision_across_processes.py"
 A1 = "tutorials/A1_inside_the_converters.py"
 
 EXERCISES: tuple[Exercise, ...] = (
@@ -90,6 +91,9 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex7_1", "7.1", "checkpointing: same gradients, lower peak", "checkpointing",
              "checkpoint_segment", "grade_checkpoint_segment", f"{T7}, section 3 (Checkpointing: keep less, compute "
              "again)", 40, ("tinyamp.checkpoint", "tinyamp.checkpoint_sequential")),
+    Exercise("ex9_1", "9.1", "the mean gradient of N ranks, in rank order", "data_parallel",
+             "mean_gradient", "grade_mean_gradient", f"{T9}, section 1 (The sum across ranks, and its dtype)", 200,
+             ("tinyamp.distributed",)),
 )  # fmt: skip
 
 BY_ID = {e.id: e for e in EXERCISES}
