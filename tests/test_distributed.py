@@ -12,6 +12,8 @@ claims, each a test:
 * an overflow only one rank sees: with the agreement every rank skips; without it they part;
 * a rank that raises, dies or hangs stops every rank within seconds; different settings are refused;
 * a sharded run's checkpoint resumes bit for bit, on 2 ranks and in 1 process;
+* the lost updates are counted over the whole model: ZeRO's shards, the replicated run and one
+  process accumulating two micro-batches give the same counts;
 * a finished run extends to a new total with --extend (refused without it), as in one process;
 * Ctrl-C or SIGTERM, even if only one rank sees it, stops every rank after the same step, saves
   a checkpoint that resumes bit for bit, and exits 130 or 143; mpiexec passes Ctrl-C on;
@@ -254,6 +256,24 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_proces
     assert again["scales"] == alone["scales"] == straight["scales"]  # the scaler's history travels in the file
     assert again["loss"] == straight["loss"][3:]
 
+
+
+@pytest.mark.parametrize("precision", ["mixed", "fp16"])
+def test_lost_updates_are_counted_over_the_whole_model_whatever_the_sharding(tmp_path: Path, precision: str) -> None:
+    """The measured (changed, lost) counts of 2 ranks (ZeRO, replicated) and of 1 process x 2 micro-batches agree."""
+    layouts = {"replicated": (2, []), "one process": (1, ["--micro-batches", "2"])}
+    if precision == "mixed":
+        layouts["zero"] = (2, ["--zero"])  # ZeRO shards FP32 masters: the "fp16" regime has none
+    measured = {}
+    for name, (ranks, extra) in layouts.items():
+        out = tmp_path / name.replace(" ", "_")
+        result = launch(ranks, *SMALL, "--precision", precision, "--steps", "40", "--out", str(out), *extra)
+        assert result.returncode == 0, result.stderr[-2000:]
+        row = json.loads((out / "results.json").read_text())["tasks"]["mlp"]["regimes"][precision]
+        measured[name] = (row["measured"]["changed"], row["measured"]["lost"], row["lost_update_fraction"])
+    first = measured["replicated"]
+    assert sum(first[1]) > 0 and 0 < first[2] < 1, first  # updates were lost, and not all of them
+    assert all(m == first for m in measured.values()), measured
 
 
 def test_a_finished_run_extends_to_a_new_total_only_with_extend_and_a_constant_rate_continues_exactly(

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 import tinyamp as ta
-from tinyamp import backend
+from tinyamp import backend, kernels
 from tinyamp.amp import save_checkpoint
+from tinyamp.amp.lost_updates import lost_updates
 from tinyamp.distributed import checkpoint
 from tinyamp.distributed.communicator import (
     DEFAULT_TIMEOUT_S,
@@ -41,6 +42,7 @@ from tinyamp.distributed.data_parallel import DataParallel
 from tinyamp.distributed.faults import Fault, parse_at
 from tinyamp.experiments import run_settings
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
+from tinyamp.experiments.measure import LostUpdateMeter
 from tinyamp.experiments.regimes import REGIMES, Setup, make_scaler
 from tinyamp.tensor import Tensor
 
@@ -116,13 +118,50 @@ class DistributedSetup(Setup):
             dp.inject_overflow()
         flags = scaler.unscale_(dp)
         dp.exchange(flags)
+        before = self._before_update() if measure_lost else None
         report = scaler.step(dp)
+        counts = self._lost_counts(before, report.skipped) if measure_lost else None
         dp.finish()
         means = backend.to_device(comm.allgather(comm.xp.asarray([sum(losses) / len(losses)])), "cpu")
         self.step_seconds.append(time.perf_counter() - began)
         self.comm_seconds.append(comm.seconds - seconds)
         self.bytes_sent.append(comm.bytes_sent - sent)
-        return sum(float(v) for v in means) / comm.size, report, None  # summed in rank order: equal on every rank
+        return sum(float(v) for v in means) / comm.size, report, counts  # summed in rank order: equal everywhere
+
+    def _before_update(self) -> Any:
+        """What counting this step's lost updates needs from before the update (None for FP32 weights)."""
+        shard = self.optimizer.shard
+        if self.regime.weights == "float32":
+            return None
+        if shard.has_masters:  # the masters of this rank's range, and what the model held there: their rounding
+            return shard.tensor.data.copy(), kernels.cast(shard.tensor.data, self.optimizer.weights.dtype)
+        meter = LostUpdateMeter(shard.optimizer)  # no masters ("fp16"): replay the update in float32, as one process
+        meter.before_step()
+        return meter
+
+    def _lost_counts(self, before: Any, skipped: bool) -> tuple[int, int] | None:
+        """``(changed, lost)`` over the whole model, as ``Setup.step`` counts them (None: skipped, or FP32).
+
+        Each rank counts its own range; with ZeRO the ranges split the model, so the counts
+        are summed over the ranks (every rank takes part, whether its step was skipped or not).
+        """
+        if before is None:
+            return None
+        dp = self.optimizer
+        if isinstance(before, LostUpdateMeter):
+            counts = before.after_step(skipped) or (0, 0)
+        elif skipped:
+            counts = (0, 0)
+        else:
+            master_before, w16_before = before
+            master = dp.shard.tensor.data
+            changed = master != master_before
+            lost = lost_updates(w16_before, master - master_before) & changed
+            counts = tuple(int(v) for v in backend.host_floats([dp.comm.xp.count_nonzero(a) for a in (changed, lost)]))
+        if dp.zero:
+            summed = dp.comm.allreduce(dp.comm.xp.asarray(counts, dtype=np.int64), op="sum")
+            counts = tuple(int(v) for v in backend.to_device(summed, "cpu"))
+        return None if skipped else (counts[0], counts[1])
 
     def record_fingerprint(self) -> None:
         """Append the digests of this rank's weights, masters, moments and scaler state (tests compare them)."""
