@@ -29,6 +29,7 @@ from tinyamp.exercises.workspace import write_workspace
 from tinyamp.function import Function
 from tinyamp.grad_mode import enable_grad
 from tinyamp.tensor import Tensor
+from tinyamp.testing.counterexamples import same_examples_every_run
 
 pytestmark = pytest.mark.cli
 
@@ -102,7 +103,8 @@ def test_grader_passes_the_reference_solution(exercise_id: str) -> None:
 
 # ---- ... and fails wrong ones, with the counterexample in words ------------------------------------------------
 def _grade_wrong(exercise_id: str, wrong: Any, match: str) -> None:
-    with np.errstate(all="ignore"), pytest.raises(AssertionError, match=match):
+    """As `tinyamp exercises check` grades: the same examples every run, so a miss here is a miss every time."""
+    with np.errstate(all="ignore"), same_examples_every_run(), pytest.raises(AssertionError, match=match):
         grader(exercise_id)(wrong, find(exercise_id).examples)
 
 
@@ -701,6 +703,20 @@ def test_check_shows_the_first_counterexample_of_a_failed_exercise(
     assert run("check", str(workspace), "--only", "2.1") == 1
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("2.1"))
     assert "failed" in line and "your backward gives" in line and "finite differences give" in line
+
+
+def test_check_gives_the_same_verdict_every_run_and_deep_draws_new_examples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = stub_workspace(tmp_path)
+    replaced(workspace, "backward", "def softmax_backward(y, g, axis):\n    return y * g\n")
+    lines = []
+    for _ in range(3):
+        assert run("check", str(workspace), "--only", "2.1") == 1
+        lines.append(next(x for x in capsys.readouterr().out.splitlines() if x.startswith("2.1")))
+    strip_time = [re.sub(r"\d+\.\ds", "", line) for line in lines]
+    assert strip_time[0] == strip_time[1] == strip_time[2]  # the same counterexample, word for word
+    assert run("check", str(workspace), "--only", "2.1", "--deep") == 1  # random examples: still caught
 
 
 def test_check_refuses_bad_input_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -366,3 +366,23 @@ def test_check_master_step_fails_an_update_of_the_float16_copy() -> None:
     with pytest.raises(AssertionError, match=r"^for w16 = \[.*\] .*, master = .* and lr = .*: your new master\[0\] is "
                        r".*, expected .*: master - float32\(lr\) \* widened grad16, computed in float32"):  # fmt: skip
         check_master_step(on_the_copy, max_examples=100)
+
+
+def test_same_examples_every_run_draws_one_sequence_and_outside_it_each_run_draws_anew() -> None:
+    from tinyamp.testing.counterexamples import check_settings, same_examples_every_run
+
+    def drawn() -> list[float]:
+        seen: list[float] = []
+
+        @check_settings(30)
+        @given(x=st.floats(-1e6, 1e6))
+        def record(x: float) -> None:
+            seen.append(x)
+
+        record()
+        return seen
+
+    with same_examples_every_run():
+        first, second = drawn(), drawn()
+    assert first == second and len(set(first)) > 10
+    assert drawn() != drawn()  # random: two runs of 30 draws from 2e6 values coincide with negligible probability

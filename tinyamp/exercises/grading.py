@@ -1,7 +1,9 @@
 """Grading one exercise of a workspace: load the student's code, check it is theirs, run its grader.
 
 The result is passed, not started (the stub still raises NotImplementedError) or failed,
-with the first counterexample in words.  Before the grader runs, three things are checked:
+with the first counterexample in words.  A normal check draws the same examples on every
+run, so the same code always gets the same verdict; ``--deep`` draws new random ones, ten
+times as many, to look further.  Before the grader runs, three things are checked:
 the graded function or class is defined in the workspace's file (not imported from
 tinyamp); it does not use tinyamp's own implementation of the mechanism (the exercise's
 ``forbidden`` names, followed through imports and aliases); and, for exercises about
@@ -43,11 +45,13 @@ class NotTheirs(Exception):
 
 def grade(exercise: Exercise, workspace: Path, deep: bool = False) -> Result:
     """Grade `exercise` in `workspace` (hypothesis examples: the exercise's budget, DEEP times it with `deep`)."""
+    from tinyamp.testing.counterexamples import same_examples_every_run  # hypothesis loads only to grade
+
     start = time.perf_counter()
     try:
         graded = load(exercise, Path(workspace))
         grader = getattr(importlib.import_module(f"tinyamp.exercises.graders.{exercise.module}"), exercise.grader)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
+        with np.errstate(all="ignore"), warnings.catch_warnings(), same_examples_every_run(not deep):
             warnings.simplefilter("ignore")  # a student's overflow warnings are not the verdict
             grader(graded, exercise.examples * (DEEP if deep else 1))
     except NotImplementedError as exc:

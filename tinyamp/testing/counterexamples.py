@@ -8,6 +8,7 @@ overflow your scale is 2048, the rule says 1024", not a dump of arrays.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +18,23 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 
 Check = Callable[..., Any]
+
+_SAME_EXAMPLES = contextvars.ContextVar("same_examples", default=False)
+
+
+@contextmanager
+def same_examples_every_run(on: bool = True) -> Iterator[None]:
+    """Inside this block every check draws the same examples on every run (hypothesis's derandomize).
+
+    For grading: the same code gets the same verdict each time it is checked, with the same
+    versions of Python, hypothesis and tinyamp.  Outside it the checks draw new random examples
+    each run, as property tests should.
+    """
+    token = _SAME_EXAMPLES.set(on)
+    try:
+        yield
+    finally:
+        _SAME_EXAMPLES.reset(token)
 
 
 def check_settings(max_examples: int | None = None, **overrides: Any) -> settings:
@@ -28,6 +46,9 @@ def check_settings(max_examples: int | None = None, **overrides: Any) -> setting
     """
     if max_examples is not None:
         overrides["max_examples"] = max_examples
+    if _SAME_EXAMPLES.get():
+        overrides.setdefault("derandomize", True)
+        overrides.setdefault("database", None)  # nothing replayed from an earlier run either
     overrides.setdefault("phases", [p for p in Phase if p != Phase.explain])
     return settings(
         deadline=None,
