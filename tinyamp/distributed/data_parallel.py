@@ -13,7 +13,10 @@ One step on every rank (``train.py``'s ``DistributedSetup.step``; tutorial 9 spe
 
 The LossScaler is tinyamp's own, unchanged: it sees this object's ``params`` (the pieces of
 the gradient shard this rank checks, and the agreement's ``RemoteOverflow``) and calls
-``gather_grads``, ``step`` and ``zero_grad``, as it does with ``MasterWeights``.
+``gather_grads``, ``step`` and ``zero_grad``, as it does with ``MasterWeights``.  So the
+``grad_norm`` of its StepReport is the norm of this rank's shard; the whole gradient's norm
+is the square root of the sum over the ranks of their squares (one more all-reduce, which
+tinyamp does not take, since nothing it runs reads the norm).
 
 Bytes per step and rank, P parameters, N ranks: the reduce-scatter sends (N-1)/N * P values
 in the reduction's dtype; the all-gather then sends (N-1)/N * P values of the unscaled FP32
