@@ -10,7 +10,8 @@ mean of the ranks' losses: the loss of the whole batch.  At the end, rank 0 prin
 rank: steps skipped, the loss scale, the bytes of model states it holds and the bytes it sent.
 
 Ranks started with different settings are refused before anything is built; an error on one
-rank stops every rank (``communicator.abort_on_error``).
+rank stops every rank (``communicator.abort_on_error``).  Ctrl-C or SIGTERM stops every rank
+after the same step, with a checkpoint when there is ``--out`` (``signal_on_any_rank``).
 """
 
 from __future__ import annotations
