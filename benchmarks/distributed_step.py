@@ -52,8 +52,10 @@ def main() -> None:
                 rows = run(ranks, "--model", "mlp", "--batch-size", "128", "--steps", "120", "--schedule",
                            "constant", "--reduce-dtype", reduce, *mode)[0]["rows"]  # fmt: skip
                 r = rows[0]
-                print(f"| {ranks} | {'ZeRO-1' if mode else 'replicated'} | {reduce} | {r['ms_per_step']:.2f} | "
-                      f"{100 * r['communication_share']:.0f}% | {r['sent_per_step'] / 1024:.1f} |")
+                print(
+                    f"| {ranks} | {'ZeRO-1' if mode else 'replicated'} | {reduce} | {r['ms_per_step']:.2f} | "
+                    f"{100 * r['communication_share']:.0f}% | {r['sent_per_step'] / 1024:.1f} |"
+                )
     print("\n## Model states held per rank (char transformer, Adam: K = 12 bytes of FP32 state per parameter)\n")
     print("| N | mode | bytes/parameter, measured (rank 0) | 2 + 2 + 12/N | KiB held |")
     print("|---|---|---|---|---|")
@@ -63,8 +65,10 @@ def main() -> None:
                     *(["--zero"] if zero else []))[0]  # fmt: skip
             held = sum(d["memory"].values())
             formula = zero_bytes_per_parameter(ranks, 12, zero)
-            print(f"| {ranks} | {'ZeRO-1' if zero else 'replicated'} | {held / d['parameters']:.3f} | "
-                  f"{formula:.3f} | {held / 1024:.0f} |")
+            print(
+                f"| {ranks} | {'ZeRO-1' if zero else 'replicated'} | {held / d['parameters']:.3f} | "
+                f"{formula:.3f} | {held / 1024:.0f} |"
+            )
 
 
 if __name__ == "__main__":

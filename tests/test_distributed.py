@@ -257,7 +257,6 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_proces
     assert again["loss"] == straight["loss"][3:]
 
 
-
 @pytest.mark.parametrize("precision", ["mixed", "fp16"])
 def test_lost_updates_are_counted_over_the_whole_model_whatever_the_sharding(tmp_path: Path, precision: str) -> None:
     """The measured (changed, lost) counts of 2 ranks (ZeRO, replicated) and of 1 process x 2 micro-batches agree."""

@@ -75,9 +75,7 @@ def notebook_tools_available() -> bool:
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=PEAKS_OF_THE_ENGINE_ROOM) if n.startswith("07") else n for n in NAMES]
 )
-def test_the_tutorial_runs_and_writes_its_figures(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As a notebook, cell by cell in a Jupyter kernel, where the notebook tools are installed (CI
     installs them); as a script otherwise.  Each tutorial bounds its BLAS threads itself."""
     env = dict(os.environ, TINYAMP_TUTORIAL_OUT=str(tmp_path), MPLBACKEND="Agg")

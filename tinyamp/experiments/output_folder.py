@@ -147,8 +147,8 @@ class OutputFolder:
             except OSError as exc:
                 raise OutputFolderError(
                     f"{self.flag} {self.path}: writing the new files failed ({exc.strerror or exc}); the folder was "
-                    "left as it was" + (f" and still holds {', '.join(_listing(self.path))}" if self.path.is_dir()
-                                        else "")  # fmt: skip
+                    "left as it was"
+                    + (f" and still holds {', '.join(_listing(self.path))}" if self.path.is_dir() else "")  # fmt: skip
                 ) from exc
             old = self.path.parent / f".{self.path.name}.{_OLD}{secrets.token_hex(4)}"
             if self.path.exists():

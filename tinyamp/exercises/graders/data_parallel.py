@@ -69,9 +69,11 @@ def grade_mean_gradient(mean_gradient: Callable[[list[np.ndarray], str], np.ndar
     @example(case=PREDIVIDE_FLUSHES)
     def the_mean_of_the_all_reduce(case: tuple[list[np.ndarray], str]) -> None:
         grads, reduction = case
-        about = f"for {len(grads)} ranks' gradients " + ", ".join(
-            array_in_words(g, f"g_{r}") for r, g in enumerate(grads)
-        ) + f" and reduction {reduction!r}"
+        about = (
+            f"for {len(grads)} ranks' gradients "
+            + ", ".join(array_in_words(g, f"g_{r}") for r, g in enumerate(grads))
+            + f" and reduction {reduction!r}"
+        )
         with blamed(f"{about}, yours"):
             got = mean_gradient([g.copy() for g in grads], reduction)
         with np.errstate(over="ignore", invalid="ignore"):
