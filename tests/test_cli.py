@@ -134,7 +134,7 @@ def test_cuda_without_a_gpu_exits_2_and_says_why(command: str, capsys: pytest.Ca
 
 
 def test_bfloat16_is_refused_on_cuda_and_left_out_of_its_demo() -> None:
-    """CuPy has no bfloat16 arrays: `train --precision bf16-mixed --device cuda` is a usage error
+    """tinyamp's GPU code is FP16 only: `train --precision bf16-mixed --device cuda` is a usage error
     (exit 2, checked after the GPU check), and the GPU demo runs the other regimes."""
     from tinyamp.cli import UsageError, _check_precision
     from tinyamp.experiments.runner import demo_regimes

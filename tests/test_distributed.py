@@ -241,6 +241,16 @@ def test_ranks_started_with_different_settings_are_refused_at_start_up() -> None
     assert "different settings (--lr: rank 0 0.1, rank 1 0.05)" in result.stderr
 
 
+def test_device_cuda_without_a_usable_gpu_stops_every_rank_with_one_sentence() -> None:
+    import tinyamp
+
+    if tinyamp.cuda_is_available():
+        pytest.skip("this machine has a usable GPU")
+    result = launch(2, *SMALL, "--steps", "2", "--device", "cuda")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "tinyamp: error: device='cuda'" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_process(tmp_path: Path) -> None:
     """Saved at step 3 by a ZeRO run that then crashed; resumed on 2 ranks, and in 1 process x 2 micro-batches."""
     args = ["--steps", "6", "--zero", "--reduce-dtype", "float16"]

@@ -123,6 +123,26 @@ def test_cuda_without_a_gpu_is_a_device_error(make) -> None:  # noqa: ANN001
         make()
 
 
+def test_cupy_without_the_cuda_compiler_is_a_device_error_that_names_the_install() -> None:
+    """The plain cupy-cuda12x wheel imports and sees the GPU, then fails at the first kernel: say so up front."""
+    from types import SimpleNamespace
+
+    from tinyamp.backend import missing_cuda_compiler
+
+    def not_found() -> None:
+        raise RuntimeError('Failure finding "libnvrtc.so.13 or libnvrtc.so.12"\n')  # as cuda-pathfinder raises it
+
+    bare = SimpleNamespace(cuda=SimpleNamespace(nvrtc=SimpleNamespace(getVersion=not_found)))
+    why = missing_cuda_compiler(bare)
+    assert why is not None and "cannot load NVRTC" in why and 'libnvrtc.so.12")' in why  # the newline stripped
+    assert "cupy-cuda12x[ctk]" in why and "device='cpu'" in why
+    assert (
+        missing_cuda_compiler(SimpleNamespace(cuda=SimpleNamespace(nvrtc=SimpleNamespace(getVersion=lambda: (12, 9)))))
+        is None
+    )
+    assert missing_cuda_compiler(SimpleNamespace(cuda=SimpleNamespace())) is None  # nothing to ask
+
+
 # ---- dtypes -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("make", "named"),

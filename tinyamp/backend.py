@@ -42,8 +42,33 @@ def _import_cupy() -> ModuleType:
             "device='cuda' was requested but CuPy sees no CUDA GPU on this machine "
             "(cupy.is_available() is False). Use device='cpu'."
         )
+    missing = missing_cuda_compiler(cupy)
+    if missing is not None:
+        raise DeviceError(missing)
     _cupy = cupy
     return cupy
+
+
+def missing_cuda_compiler(cupy: ModuleType) -> str | None:
+    """Why CuPy cannot compile kernels (None when it can): a wheel installed without the CUDA libraries.
+
+    CuPy compiles every kernel, ``a + b`` included, with NVRTC when it first runs.  The
+    plain ``cupy-cuda12x`` wheel assumes a CUDA Toolkit on the machine; without one,
+    ``import cupy`` and ``cupy.is_available()`` still succeed and the first operation fails.
+    """
+    nvrtc = getattr(cupy.cuda, "nvrtc", None)
+    if nvrtc is None:  # a layout without it: nothing to ask, the first kernel will tell
+        return None
+    try:
+        nvrtc.getVersion()  # loads libnvrtc
+    except (ImportError, RuntimeError) as exc:  # cuda-pathfinder's DynamicLibNotFoundError is a RuntimeError
+        why = str(exc).strip()
+        return (
+            f"CuPy sees a GPU but cannot load NVRTC, the CUDA compiler it builds every kernel with ({why}). "
+            "Install CuPy with the CUDA libraries: pip install 'tinyamp[cuda12]' (or [cuda13]), which installs "
+            "cupy-cuda12x[ctk]; or use device='cpu'."
+        )
+    return None
 
 
 def cublas() -> ModuleType:

@@ -164,7 +164,7 @@ def _check_precision(precision: str, device: str) -> None:
     if REGIMES[precision].weights == "bfloat16":
         if device != "cpu":
             raise UsageError(
-                f"--precision {precision} runs on the CPU only: CuPy has no bfloat16 arrays. "
+                f"--precision {precision} runs on the CPU only: tinyamp's GPU code is written for float16. "
                 "Use --precision mixed (FP16) with --device cuda."
             )
         if not bfloat16_available():

@@ -2,7 +2,7 @@
 
 Floating dtypes carry gradients; integer and bool tensors carry labels, indices
 and masks.  bfloat16 comes from the optional ``ml_dtypes`` package and lives on the
-CPU only (CuPy has no complete bfloat16 support).
+CPU only: tinyamp's GPU code (its casts, its cuBLAS products) is written for float16.
 
 The one rule of mixed precision that belongs to the dtypes themselves: a sum of 16-bit
 values accumulates in float32 (``accumulation_dtype``).  In float16, 2048 + 1 rounds
@@ -104,8 +104,8 @@ def check_supported(dtype: np.dtype, device: str) -> None:
         if device == "cpu":
             return
         raise TypeError(
-            "CuPy cannot hold bfloat16 tensors on device='cuda'; use float16 there, "
-            "or keep bfloat16 tensors on device='cpu' (emulated with ml_dtypes)."
+            "tinyamp keeps bfloat16 tensors on device='cpu' (emulated with ml_dtypes): its GPU code is written "
+            "for float16, so use float16 on device='cuda'."
         )
     raise TypeError(f"tinyamp cannot hold dtype {dtype} (kind {dtype.kind!r}); supported: {SUPPORTED_NAMES}")
 

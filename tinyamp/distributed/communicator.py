@@ -210,7 +210,13 @@ class NcclCommunicator(Communicator):
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         cupy.cuda.Device(self.rank % max(1, cupy.cuda.runtime.getDeviceCount())).use()  # one GPU per rank
         self._cupy = cupy
-        self._nccl = init_process_group(self.size, self.rank, use_mpi=True)  # MPI passes NCCL's unique id around
+        try:
+            self._nccl = init_process_group(self.size, self.rank, use_mpi=True)  # MPI passes NCCL's unique id
+        except RuntimeError as exc:  # cupyx raises "NCCL is not available" when libnccl cannot be loaded
+            raise backend.DeviceError(
+                f"--device cuda sends the gradients with NCCL, and CuPy cannot use it ({exc}): "
+                "pip install 'tinyamp[cuda12,nccl12,mpi]' (or [cuda13,nccl13,mpi])"
+            ) from exc
 
     def _wait(self, deadline: float, what: str) -> None:
         event_type = getattr(self._cupy.cuda, "Event", None)
@@ -285,6 +291,7 @@ def _check_rows(x: Any, size: int) -> None:
 def make_communicator(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> Communicator:
     """MPI for device "cpu", NCCL for "cuda"; the ranks and their number come from ``mpiexec -n N``."""
     if backend.check_device(device) == "cuda":
+        backend.array_module("cuda")  # CuPy and a GPU, or a DeviceError that says what is missing
         return NcclCommunicator(timeout_s)
     return MpiCommunicator(timeout_s)
 

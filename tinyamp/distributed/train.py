@@ -233,7 +233,11 @@ def run_distributed(args: Any) -> int:
     (``micro_batches``, ``timeout``, ``overflow_at``, ``fault`` and ``dump`` optional).
     """
     settings = settings_of(args)
-    comm = make_communicator(settings["device"], float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S))
+    try:
+        comm = make_communicator(settings["device"], float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S))
+    except backend.DeviceError as exc:  # no GPU, no NCCL: every rank finds it alone, before any collective
+        print(f"tinyamp: error: {exc}", file=sys.stderr)
+        return 2
     with handle_signals() as stop, abort_on_error(comm):
         try:
             check_same_settings(comm, settings)

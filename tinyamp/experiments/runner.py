@@ -43,7 +43,7 @@ def load_widened(reference: Module, model: Module) -> Module:
 
 def demo_regimes(device: str = "cpu") -> list[str]:
     """The regimes the demo compares: all of them, bf16-mixed when ml_dtypes is installed and
-    the device is the CPU (CuPy has no bfloat16 arrays)."""
+    the device is the CPU (tinyamp's GPU code is FP16 only)."""
     return [name for name in REGIMES if name != "bf16-mixed" or (bfloat16_available() and device == "cpu")]
 
 

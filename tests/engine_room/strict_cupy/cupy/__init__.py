@@ -12,9 +12,12 @@ Rules it enforces, as CuPy 14 does:
   rejected with TypeError (CuPy: "Unsupported type <class 'numpy.ndarray'>"); numpy/Python scalars ok;
 * numpy functions dispatch here via __array_function__ only when cupy has a function of that name;
 * cupy routines reject numpy.ndarray arguments except creation (array/asarray/...);
-* index arrays may be numpy (CuPy converts them); values assigned with x[...] = numpy_array raise
-  (CuPy: 'non-scalar numpy.ndarray cannot be used for fill'), other numpy values are logged;
-* no kernel handles bfloat16 (kind 'V'): elementwise ops/astype on it raise TypeError.
+* index arrays may be numpy (CuPy converts them); a numpy array assigned through a basic index
+  (x[...] = a, x[1:3] = a, x[0] = a) raises (CuPy: 'non-scalar numpy.ndarray cannot be used for
+  fill'), other numpy values are logged;
+* a device array is not a Python integer (CuPy's ndarray has no __index__);
+* bfloat16 (kind 'V') is refused: tinyamp keeps it on the CPU, so one reaching a device array is a bug
+  (CuPy 14 has initial bfloat16 support through ml_dtypes; tinyamp's GPU code does not use it).
 Every violation is also appended to VIOLATIONS with a stack summary.
 """
 
@@ -28,6 +31,13 @@ import numpy as _np
 
 __version__ = "14.2.0-stand-in"
 VIOLATIONS: list[str] = []
+
+
+def _basic_index(i) -> bool:
+    """Ellipsis, None, slices and integers (and tuples of them): the indexes CuPy assigns through fill()."""
+    if isinstance(i, tuple):
+        return all(_basic_index(j) for j in i)
+    return i is Ellipsis or i is None or isinstance(i, (slice, int, _np.integer))
 
 
 def _violation(msg: str, exc: type = TypeError) -> None:
@@ -137,8 +147,8 @@ class ndarray:
     def __int__(self):
         return int(self._a)
 
-    def __index__(self):
-        return self._a.__index__()
+    def __index__(self):  # CuPy 14's ndarray has none: a device scalar is not a Python integer
+        _violation("strict CuPy stand-in: a cupy.ndarray used as a Python integer (CuPy has no __index__)")
 
     def __bool__(self):
         return bool(self._a)
@@ -222,8 +232,7 @@ class ndarray:
 
     def __setitem__(self, idx, value):
         if isinstance(value, _np.ndarray) and value.ndim > 0:
-            full = idx is Ellipsis or (isinstance(idx, slice) and idx == slice(None))
-            if full:
+            if _basic_index(idx):  # CuPy fills a basic-indexed view with y.fill(value): no host array
                 _violation(
                     "strict CuPy stand-in: x[...] = numpy_array: 'non-scalar numpy.ndarray cannot be used for fill'",
                     ValueError,
@@ -628,6 +637,7 @@ cuda = types.SimpleNamespace(
     MemoryHook=_MemoryHook,
     runtime=_Runtime(),
     is_available=lambda: True,
+    nvrtc=types.SimpleNamespace(getVersion=lambda: (13, 0)),  # the compiler CuPy loads for every kernel
     Event=None,
     get_elapsed_time=None,
 )
