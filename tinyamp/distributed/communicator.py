@@ -195,7 +195,9 @@ class NcclCommunicator(Communicator):
 
     Built and tested on the CPU with a stand-in for CuPy (tests/test_distributed.py); it has not
     yet run on a GPU.  NCCL's calls return at once and run on the GPU's stream, so a wait is
-    polled on a CUDA event, with the same timeout as MPI's.
+    polled on a CUDA event, with the same timeout as MPI's.  The timeout covers only that wait:
+    NCCL's set-up (``init_process_group``) and the end of a grouped call (the all-to-all's
+    ``ncclGroupEnd``) can block inside the call itself, where nothing here can time it out.
     """
 
     device = "cuda"
