@@ -3,6 +3,11 @@
 Profiles: "ci" (default; 25 examples per property, no deadline, because a finite-
 difference check takes milliseconds that vary with the machine), "dev" (100) and
 "thorough" (1000).  Pick one with HYPOTHESIS_PROFILE=dev python -m pytest.
+
+Under a CI service (hypothesis recognizes one by its environment variables: CI,
+GITHUB_ACTIONS, ...) hypothesis loads its own "ci" profile when it is imported, and these
+profiles inherit from it derandomize=True and no example database: there every run draws
+the same examples.  A test whose claim needs fresh random draws must ask for them itself.
 """
 
 from __future__ import annotations

@@ -368,7 +368,11 @@ def test_check_master_step_fails_an_update_of_the_float16_copy() -> None:
         check_master_step(on_the_copy, max_examples=100)
 
 
-def test_same_examples_every_run_draws_one_sequence_and_outside_it_each_run_draws_anew() -> None:
+def test_same_examples_every_run_draws_one_sequence_and_with_on_false_each_run_draws_anew() -> None:
+    # Both halves must hold whatever profile is loaded: under a CI service hypothesis loads its own
+    # "ci" profile, which derandomizes, so "outside the block" alone would draw one sequence there.
+    from hypothesis import settings
+
     from tinyamp.testing.counterexamples import check_settings, same_examples_every_run
 
     def drawn() -> list[float]:
@@ -385,4 +389,7 @@ def test_same_examples_every_run_draws_one_sequence_and_outside_it_each_run_draw
     with same_examples_every_run():
         first, second = drawn(), drawn()
     assert first == second and len(set(first)) > 10
-    assert drawn() != drawn()  # random: two runs of 30 draws from 2e6 values coincide with negligible probability
+    with same_examples_every_run(False):
+        # random: two runs of 30 draws from 2e6 values coincide with negligible probability
+        assert drawn() != drawn()
+    assert check_settings(30).derandomize == settings.default.derandomize  # outside: the profile decides

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 Check = Callable[..., Any]
 
-_SAME_EXAMPLES = contextvars.ContextVar("same_examples", default=False)
+_SAME_EXAMPLES: contextvars.ContextVar[bool | None] = contextvars.ContextVar("same_examples", default=None)
 
 
 @contextmanager
@@ -27,8 +27,10 @@ def same_examples_every_run(on: bool = True) -> Iterator[None]:
     """Inside this block every check draws the same examples on every run (hypothesis's derandomize).
 
     For grading: the same code gets the same verdict each time it is checked, with the same
-    versions of Python, hypothesis and tinyamp.  Outside it the checks draw new random examples
-    each run, as property tests should.
+    versions of Python, hypothesis and tinyamp.  With `on=False` every run draws new random
+    examples, whatever the loaded profile says (``--deep``).  Outside any block the loaded
+    hypothesis profile decides; note that hypothesis's own "ci" profile, which it loads when it
+    sees a CI service's environment variables (CI, GITHUB_ACTIONS, ...), derandomizes.
     """
     token = _SAME_EXAMPLES.set(on)
     try:
@@ -46,8 +48,10 @@ def check_settings(max_examples: int | None = None, **overrides: Any) -> setting
     """
     if max_examples is not None:
         overrides["max_examples"] = max_examples
-    if _SAME_EXAMPLES.get():
-        overrides.setdefault("derandomize", True)
+    same = _SAME_EXAMPLES.get()
+    if same is not None:
+        overrides.setdefault("derandomize", same)
+    if same:
         overrides.setdefault("database", None)  # nothing replayed from an earlier run either
     overrides.setdefault("phases", [p for p in Phase if p != Phase.explain])
     return settings(
