@@ -147,6 +147,142 @@ def test_import_tinyamp_never_imports_mpi_and_the_package_says_how_to_install_it
 
 
 # ---- on two ranks ----------------------------------------------------------------------------------
+def _clipped_steps(max_norm: float, steps: int = 8) -> tuple[list[float], list[float], list, list]:
+    """`steps` mixed-precision steps with clipping, by MasterWeights and by a one-rank DataParallel."""
+    from threadpoolctl import threadpool_limits
+
+    from tinyamp.autocast import autocast
+    from tinyamp.distributed import DataParallel, SingleProcess
+    from tinyamp.distributed.train import RankSlice
+    from tinyamp.experiments.regimes import REGIMES, build, make_scaler
+    from tinyamp.experiments.tasks import DigitsMLP
+
+    task = DigitsMLP(optimizer="sgd", hidden=(32, 32), batch_size=16, lr=0.05)
+    reference = build(REGIMES["mixed"], task.make_model(), task.make_optimizer)
+    model = task.make_model()
+    model.astype("float16")
+    dp, scaler = DataParallel(model, task.make_optimizer, SingleProcess()), make_scaler("pytorch")
+    sliced = RankSlice(task, 0, 1)
+    norms: tuple[list[float], list[float]] = ([], [])
+    with threadpool_limits(1):
+        for _, batch, micro in zip(range(steps), task.batches(), sliced.batches()):
+            reference.optimizer.zero_grad()
+            with reference.autocast():
+                loss = task.loss(reference.model, batch)
+            reference.scaler.scale_loss(loss).backward()
+            reference.scaler.unscale_(reference.optimizer)
+            norms[0].append(reference.scaler.clip_grad_norm_(reference.optimizer, max_norm))
+            reference.scaler.step(reference.optimizer)
+            dp.zero_grad()
+            with autocast("float16"):
+                loss = sliced.loss(model, micro)
+            scaler.scale_loss(loss).backward()
+            dp.collect()
+            flags = scaler.unscale_(dp)
+            norms[1].append(scaler.clip_grad_norm_(dp, max_norm))  # lands in DataParallel.clip_grad_norm_
+            dp.exchange(flags)
+            assert scaler.step(dp).grad_norm == norms[1][-1]  # the report gives the norm the clip measured
+            dp.finish()
+    return *norms, list(reference.model.state_dict().values()), list(model.state_dict().values())
+
+
+def test_one_rank_clips_as_the_single_process_scaler_does_bit_for_bit() -> None:
+    """N = 1: DataParallel.clip_grad_norm_ measures the same norm and clips to the same weights as MasterWeights."""
+    norms, dp_norms, weights, dp_weights = _clipped_steps(max_norm=0.25)
+    assert norms == dp_norms
+    assert sum(n > 0.25 for n in norms) >= 4  # measured: 7 of the 8 steps clip
+    assert all(same_bits(a, b) for a, b in zip(weights, dp_weights))
+    *_, unclipped = _clipped_steps(max_norm=1e9)
+    assert not all(same_bits(a, b) for a, b in zip(dp_weights, unclipped))  # the clipping changed the run
+
+
+def test_data_parallel_clips_only_between_unscale_and_exchange() -> None:
+    from tinyamp.autocast import autocast
+    from tinyamp.distributed import DataParallel, SingleProcess
+    from tinyamp.experiments.regimes import make_scaler
+    from tinyamp.experiments.tasks import DigitsMLP
+
+    task = DigitsMLP(optimizer="sgd", hidden=(8,), batch_size=8)
+    model = task.make_model()
+    model.astype("float16")
+    dp, scaler = DataParallel(model, task.make_optimizer, SingleProcess()), make_scaler("pytorch")
+    with autocast("float16"):
+        loss = task.loss(model, next(iter(task.batches())))
+    scaler.scale_loss(loss).backward()
+    dp.collect()
+    with pytest.raises(RuntimeError, match=r"clip between scaler.unscale_\(dp\) and dp.exchange\(flags\): before"):
+        dp.clip_grad_norm_(1.0)
+    dp.inject_overflow()
+    flags = scaler.unscale_(dp)
+    before = dp.shard.tensor.data.copy()
+    assert scaler.clip_grad_norm_(dp, 1e-3) == np.inf  # not finite: nothing is clipped, and the step skips
+    dp.exchange(flags)
+    with pytest.raises(RuntimeError, match=r"after, DDP has already all-gathered the unclipped one"):
+        dp.clip_grad_norm_(1.0)
+    assert scaler.step(dp).skipped and same_bits(dp.shard.tensor.data, before)
+
+
+CLIP_ON_TWO_RANKS = """
+import json, sys
+import numpy as np
+from tinyamp.autocast import autocast
+from tinyamp.distributed import DataParallel, MpiCommunicator, allreduce
+from tinyamp.distributed.train import RankSlice
+from tinyamp.experiments.regimes import make_scaler
+from tinyamp.experiments.tasks import DigitsMLP
+
+MAX_NORM = 0.25
+comm = MpiCommunicator()
+task = DigitsMLP(optimizer="sgd", hidden=(32, 32), batch_size=32, lr=0.05)
+for zero in (False, True):
+    model = task.make_model()
+    model.astype("float16")
+    dp, scaler = DataParallel(model, task.make_optimizer, comm, zero=zero), make_scaler("pytorch")
+    sliced, steps = RankSlice(task, comm.rank, comm.size), []
+    for _, micro in zip(range(6), sliced.batches()):
+        dp.zero_grad()
+        with autocast("float16"):
+            loss = sliced.loss(model, micro)
+        scaler.scale_loss(loss).backward()
+        dp.collect()
+        flags = scaler.unscale_(dp)
+        before = allreduce.all_gather(comm, dp._grad).astype(np.float64)  # the whole unscaled gradient
+        norm = scaler.clip_grad_norm_(dp, MAX_NORM)
+        after = allreduce.all_gather(comm, dp._grad).astype(np.float64)
+        dp.exchange(flags)
+        report = scaler.step(dp)
+        dp.finish()
+        steps.append({"norm": norm.hex(), "report": report.grad_norm.hex(), "exact": float(np.sqrt(np.sum(before**2))),
+                      "clipped_to": float(np.sqrt(np.sum(after**2))),
+                      "off": float(np.max(np.abs(after - before * min(1.0, MAX_NORM / (norm + 1e-6)))))})
+    run = {"rank": comm.rank, "zero": zero, "steps": steps, "weights": dp.fingerprint()["weights"]}
+    with open(f"{sys.argv[1]}/rank{comm.rank}-zero{int(zero)}.json", "w") as f:  # stdout interleaves the ranks
+        json.dump(run, f)
+"""
+
+
+def test_two_ranks_clip_by_the_norm_of_the_whole_gradient_the_same_on_every_rank(tmp_path: Path) -> None:
+    """Each rank holds half the gradient; both measure the whole norm, bit for bit, and clip by one factor."""
+    script = tmp_path / "clip_on_two_ranks.py"
+    script.write_text(CLIP_ON_TWO_RANKS)
+    result = launch(2, str(tmp_path), script=[str(script)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {(r, z): json.loads((tmp_path / f"rank{r}-zero{int(z)}.json").read_text()) for r in (0, 1) for z in (False, True)}
+    for zero in (False, True):
+        a, b = runs[0, zero]["steps"], runs[1, zero]["steps"]
+        assert [s["norm"] for s in a] == [s["norm"] for s in b] == [s["report"] for s in a]  # one norm, everywhere
+        for s in a:
+            norm = float.fromhex(s["norm"])
+            # sum_of_squares adds rows of 1024 float32 squares in float32: each row within 6e-5 of itself
+            assert norm == pytest.approx(s["exact"], rel=1e-4)
+            assert s["clipped_to"] <= 0.25 * (1 + 1e-6) if norm > 0.25 else s["clipped_to"] == s["exact"]
+            # every element scaled by the one factor: off by its float32 rounding, <= 2^-24 |element| <= 6e-8 norm
+            assert s["off"] <= 1e-7 * norm
+        assert sum(float.fromhex(s["norm"]) > 0.25 for s in a) >= 3  # clipping happened
+    assert runs[0, False]["weights"] == runs[1, False]["weights"] == runs[0, True]["weights"]  # ZeRO = replicated
+    assert [s["norm"] for s in runs[0, False]["steps"]] == [s["norm"] for s in runs[0, True]["steps"]]
+
+
 def test_every_rank_holds_the_same_bits_after_every_step(tmp_path: Path) -> None:
     """Replicated: weights, masters, moments (SGD's momentum) and scaler identical on both ranks, step by step."""
     (a, fa), (b, fb) = run_and_dump(tmp_path, "ddp", 2, "--steps", "6", "--overflow-at", "2:0")

@@ -281,6 +281,9 @@ class LossScaler:
                 "gradients as if unscaled: call scaler.unscale_(optimizer) before clipping"
             )
         self._check_same_optimizer(optimizer, "clip_grad_norm_")
+        if hasattr(optimizer, "clip_grad_norm_"):  # its gradient is sharded over processes (DataParallel):
+            self._grad_norm = optimizer.clip_grad_norm_(max_norm)  # only it can sum the norm over all of them
+            return self._grad_norm
         grads = [p.grad for p in params if p.grad is not None]
         norm = _global_norm(grads)
         coefficient = float(max_norm) / (norm + 1e-6)

@@ -15,8 +15,10 @@ The LossScaler is tinyamp's own, unchanged: it sees this object's ``params`` (th
 the gradient shard this rank checks, and the agreement's ``RemoteOverflow``) and calls
 ``gather_grads``, ``step`` and ``zero_grad``, as it does with ``MasterWeights``.  So the
 ``grad_norm`` of its StepReport is the norm of this rank's shard; the whole gradient's norm
-is the square root of the sum over the ranks of their squares (one more all-reduce, which
-tinyamp does not take, since nothing it runs reads the norm).
+is the square root of the sum over the ranks of their squares, one more collective, which a
+step takes only to clip: ``scaler.clip_grad_norm_(dp, max_norm)``, called between
+``unscale_`` and ``exchange``, lands in ``DataParallel.clip_grad_norm_``, which sums the
+squares over the ranks, and the StepReport's ``grad_norm`` is then the whole norm.
 
 Bytes per step and rank, P parameters, N ranks: the reduce-scatter sends (N-1)/N * P values
 in the reduction's dtype; the all-gather then sends (N-1)/N * P values of the unscaled FP32
@@ -33,6 +35,7 @@ rank 0 at the start: every replica starts from the same bits.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import numpy as np
@@ -148,6 +151,30 @@ class DataParallel:
         for piece in self.checked:
             piece.grad = grad[piece.start : piece.stop]  # views: the scaler unscales the shard in place
         self.remote.grad = None
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip the whole gradient, over all ranks, to an L2 norm of at most `max_norm`; return the norm before.
+
+        ``scaler.clip_grad_norm_(dp, max_norm)`` calls this, between ``scaler.unscale_(dp)`` and
+        ``dp.exchange(flags)`` (whose all-gather, in DDP, must send the clipped shards).  No rank
+        holds the whole gradient, and clipping a shard by its own norm would scale the shards by
+        different factors: a gradient pointing elsewhere.  So each rank's sum of squares is
+        all-gathered and every rank adds the N sums in rank order: one norm, bit for bit, on every
+        rank, and one factor max_norm / (norm + 1e-6), applied when below 1 (the scaler's rule).
+        PyTorch's FSDP has its own ``clip_grad_norm_`` for the same reason.
+        """
+        if self._grad is None or self.shard.tensor.grad is not None:
+            raise RuntimeError(
+                "clip between scaler.unscale_(dp) and dp.exchange(flags): before, there is no reduced gradient "
+                "to clip; after, DDP has already all-gathered the unclipped one"
+            )
+        mine = math.fsum(backend.host_floats([kernels.sum_of_squares(p.grad) for p in self.checked]))
+        every = self.comm.allgather(self.comm.xp.asarray([mine], dtype=np.float64))
+        norm = math.sqrt(math.fsum(backend.to_device(every, "cpu").tolist()))  # inf or nan if any shard is
+        factor = float(max_norm) / (norm + 1e-6)
+        if math.isfinite(norm) and factor < 1.0:
+            kernels.multiply_(self._grad, factor)  # the padding beyond the last parameter is 0 and stays 0
+        return norm
 
     def exchange(self, flags: dict[str, bool]) -> None:
         """Agree on the overflow decision, then (DDP) give every rank the whole unscaled gradient."""
