@@ -214,6 +214,9 @@ def test_data_parallel_clips_only_between_unscale_and_exchange() -> None:
         dp.clip_grad_norm_(1.0)
     dp.inject_overflow()
     flags = scaler.unscale_(dp)
+    for bad in (0.0, -1.0, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match=r"max_norm must be a number > 0; got"):
+            dp.clip_grad_norm_(bad)  # type: ignore[arg-type]
     before = dp.shard.tensor.data.copy()
     assert scaler.clip_grad_norm_(dp, 1e-3) == np.inf  # not finite: nothing is clipped, and the step skips
     dp.exchange(flags)
@@ -267,7 +270,8 @@ def test_two_ranks_clip_by_the_norm_of_the_whole_gradient_the_same_on_every_rank
     script.write_text(CLIP_ON_TWO_RANKS)
     result = launch(2, str(tmp_path), script=[str(script)])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    runs = {(r, z): json.loads((tmp_path / f"rank{r}-zero{int(z)}.json").read_text()) for r in (0, 1) for z in (False, True)}
+    runs = {(r, z): json.loads((tmp_path / f"rank{r}-zero{int(z)}.json").read_text())
+            for r in (0, 1) for z in (False, True)}  # fmt: skip
     for zero in (False, True):
         a, b = runs[0, zero]["steps"], runs[1, zero]["steps"]
         assert [s["norm"] for s in a] == [s["norm"] for s in b] == [s["report"] for s in a]  # one norm, everywhere

@@ -163,6 +163,8 @@ class DataParallel:
         rank, and one factor max_norm / (norm + 1e-6), applied when below 1 (the scaler's rule).
         PyTorch's FSDP has its own ``clip_grad_norm_`` for the same reason.
         """
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+            raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")
         if self._grad is None or self.shard.tensor.grad is not None:
             raise RuntimeError(
                 "clip between scaler.unscale_(dp) and dp.exchange(flags): before, there is no reduced gradient "
