@@ -218,7 +218,8 @@ def test_data_parallel_clips_only_between_unscale_and_exchange() -> None:
         with pytest.raises(ValueError, match=r"max_norm must be a number > 0; got"):
             dp.clip_grad_norm_(bad)  # type: ignore[arg-type]
     before = dp.shard.tensor.data.copy()
-    assert scaler.clip_grad_norm_(dp, 1e-3) == np.inf  # not finite: nothing is clipped, and the step skips
+    # not finite: nothing is clipped, and the step skips (a NumPy float is a max_norm too, as for the scaler)
+    assert scaler.clip_grad_norm_(dp, np.float32(1e-3)) == np.inf
     dp.exchange(flags)
     with pytest.raises(RuntimeError, match=r"after, DDP has already all-gathered the unclipped one"):
         dp.clip_grad_norm_(1.0)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -163,7 +164,7 @@ class DataParallel:
         rank, and one factor max_norm / (norm + 1e-6), applied when below 1 (the scaler's rule).
         PyTorch's FSDP has its own ``clip_grad_norm_`` for the same reason.
         """
-        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+        if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
             raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")
         if self._grad is None or self.shard.tensor.grad is not None:
             raise RuntimeError(
