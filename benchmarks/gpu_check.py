@@ -1,6 +1,6 @@
 """GPU verification of tinyamp: throughput and memory measured on one GPU, then the commands and GPU tests.
 
-    PYTHONPATH=. OUT=$OUT python3 benchmarks/gpu_check.py     # on one GPU; ends by --time-limit (285 s)
+    PYTHONPATH=. OUT=$OUT python3 benchmarks/gpu_check.py     # on one GPU; ends by --time-limit (420 s)
     python benchmarks/gpu_check.py --quick                     # smaller sizes, a fast look
     python benchmarks/gpu_check.py --dry-run                   # the same code on NumPy, tiny sizes, seconds
 
@@ -12,11 +12,17 @@ FAILED in the table, and the run goes on):
 2. matmul       tinyamp FP16 vs cuBLAS FP16 vs FP32 (no TF32) vs TF32 at n^3, results checked
 3. mlp          MLP training step, FP32 vs mixed precision: time and peak memory
 4. transformer  CharTransformer training step, FP32 vs mixed precision
-5. overhead     a tiny MLP step: host wall time vs the GPU busy time of its kernels
-6. torch-amp    PyTorch AMP on the MLP of section 3 (the last in this process, so its
-                allocator does not disturb CuPy's in the sections before it)
-7. cli          tinyamp train and tinyamp demo with --device on the device, end to end
-8. tests        pytest -k cuda tests, in a subprocess with a timeout
+5. tutorial8    tutorial 8's MLP (1024-4096-4096-10, batch 1024), FP32 vs mixed precision
+6. overhead     a tiny MLP step: host wall time per FP32 and per mixed step
+7. kernels      kernel tables of the mixed steps of 3-6 from PyTorch's profiler (which sees
+                CuPy's kernels): GPU time, launches and device-to-host copies per step, the
+                slowest kernels, and any kernel above half of a step reported as a finding
+8. torch-amp    PyTorch AMP on the MLP of section 3 (PyTorch's sections come after tinyamp's,
+                so its allocator does not disturb CuPy's measurements)
+9. torch-transformer  PyTorch on section 4's shape (a twin built of the same layers), FP32 and AMP
+10. torch-tiny  PyTorch AMP's host time per step on the tiny MLP of section 6
+11. cli         tinyamp train and tinyamp demo with --device on the device, end to end
+12. tests       pytest -k cuda tests, in a subprocess with a timeout
 
 Then one Markdown table and a JSON file of every number: $OUT/gpu_check.json when OUT
 is set, else benchmarks/results/gpu_check.json.  Exit status: 0 when every section
@@ -63,9 +69,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the working tree
 import numpy as np  # noqa: E402
 from gpu_cli import cli  # noqa: E402
 from gpu_device import make_device  # noqa: E402
+from gpu_peers import torch_tiny, torch_transformer  # noqa: E402
+from gpu_profile import kernels  # noqa: E402
 from gpu_report import Section, markdown_table, write_json  # noqa: E402
 from gpu_sections import Config, Context, Skip, environment, gpu_tests, matmul  # noqa: E402
-from gpu_training import mlp, overhead, torch_amp, transformer  # noqa: E402
+from gpu_training import mlp, overhead, torch_amp, transformer, tutorial8  # noqa: E402
 
 import tinyamp as ta  # noqa: E402
 from tinyamp.backend import DeviceError, array_module  # noqa: E402
@@ -77,6 +85,7 @@ CONFIGS = {
                     dict(TRANSFORMER, dim=512, layers=4, block=128, batch=32), reps=5, step_budget_s=6.0),
     "dry run": Config("dry run", 64, (32, 32, 32, 10), 16,
                       {"vocab": 32, "block": 16, "dim": 32, "heads": 4, "layers": 2, "batch": 4},
+                      tutorial8_sizes=(32, 64, 64, 10), tutorial8_batch=16,
                       warmup=1, reps=3, matmul_inner=1, step_budget_s=2.0, run_tests=False),
 }  # fmt: skip
 
@@ -86,12 +95,18 @@ SECTIONS: list[tuple[str, Callable[[Context, Section], None], float]] = [
     ("matmul", matmul, 90),
     ("mlp", mlp, 120),
     ("transformer", transformer, 120),
+    ("tutorial8", tutorial8, 60),
     ("overhead", overhead, 60),
+    ("kernels", kernels, 120),
     ("torch-amp", torch_amp, 90),
+    ("torch-transformer", torch_transformer, 90),
+    ("torch-tiny", torch_tiny, 30),
     ("cli", cli, 150),
     ("tests", gpu_tests, 200),
-]  # name, function, time limit in seconds (the whole run has its own limit too): the numbers the
-# issue asks for first, then the end-to-end commands and the test suite, which the watchdog may cut
+]  # name, function, time limit in seconds (the whole run has its own limit too): tinyamp's numbers
+# first (the kernel tables import PyTorch but allocate nothing through it), then PyTorch's peers (their
+# allocator after CuPy's measurements), then the end-to-end commands and the test suite, which the
+# watchdog may cut
 
 
 class SectionTimeout(Exception):
@@ -212,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -k cuda")
     parser.add_argument("--size", type=int, default=None, help="matmul size n (n x n @ n x n); default 8192")
-    parser.add_argument("--time-limit", type=float, default=285.0, help="seconds before the watchdog ends the run")
+    parser.add_argument("--time-limit", type=float, default=420.0, help="seconds before the watchdog ends the run")
     args = parser.parse_args(argv)
 
     if not args.dry_run:

@@ -114,18 +114,6 @@ def measure(
     return Timing(statistics.median(device_s), min(device_s), len(device_s), statistics.median(host_s))
 
 
-_SPIN_SOURCE = r"""
-extern "C" __global__ void tinyamp_spin(unsigned long long ns, long long max_cycles) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    long long c0 = clock64();
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns && clock64() - c0 < max_cycles);
-}
-"""
-
-
 @dataclass
 class Device:
     """One device of the check: its name, array module and clock."""
@@ -133,7 +121,6 @@ class Device:
     name: str
     xp: ModuleType
     clock: Any
-    _spin: Any = None
 
     @property
     def asynchronous(self) -> bool:
@@ -151,48 +138,12 @@ class Device:
             self.clock.sync()
             self.xp.get_default_memory_pool().free_all_blocks()
 
-    def spin(self, seconds: float) -> None:
-        """Keep the GPU busy for `seconds` with one single-thread kernel (no-op on the CPU)."""
-        if self.name != "cuda":
-            return
-        if self._spin is None:
-            self._spin = self.xp.RawKernel(_SPIN_SOURCE, "tinyamp_spin")
-        ns = int(seconds * 1e9)
-        # the clock64 cap (4 cycles per ns, i.e. >= 1x the time up to 4 GHz) guards against a stuck timer
-        self._spin((1,), (1,), (np.uint64(ns), np.int64(4 * ns)))
-
 
 def make_device(dry_run: bool) -> Device:
     """The CPU (NumPy, perf_counter) for a dry run, else the GPU (CuPy, CUDA events)."""
     if dry_run:
         return Device("cpu", np, CpuClock())
     return Device("cuda", backend.array_module("cuda"), CupyClock())
-
-
-def busy_seconds(dev: Device, fn: Callable[[], Any], host_s: float, reps: int = 10) -> tuple[float | None, int]:
-    """GPU time of the kernels of one `fn()` call when they run back to back, and how many samples were valid.
-
-    A spin kernel holds the GPU while the host queues all of `fn`'s kernels behind it;
-    the events around `fn` then time the kernels without the gaps the host left between
-    launches.  A sample counts only if the host finished queueing before the spin ended
-    (a device-to-host read inside `fn` would make it wait).  `host_s` (seconds per call)
-    sizes the spin.  On the CPU, work is synchronous, so this is `fn`'s wall time.
-    """
-    samples: list[float] = []
-    for _ in range(reps):
-        dev.clock.sync()
-        before = dev.clock.mark()
-        dev.spin(max(0.005, 4 * host_s))
-        start = dev.clock.mark()
-        h0 = time.perf_counter()
-        fn()
-        queued_s = time.perf_counter() - h0
-        end = dev.clock.mark()
-        busy = dev.clock.seconds(start, end)
-        spun = dev.clock.seconds(before, start)
-        if not dev.asynchronous or queued_s < 0.9 * spun:
-            samples.append(busy)
-    return (statistics.median(samples) if samples else None), len(samples)
 
 
 def tf32_matmul(dev: Device, a: Any, b: Any, out: Any) -> Any:

@@ -43,6 +43,8 @@ class Config:
     mlp_sizes: tuple[int, ...]
     mlp_batch: int
     transformer: dict[str, int]  # vocab, block, dim, heads, layers, batch
+    tutorial8_sizes: tuple[int, ...] = (1024, 4096, 4096, 10)
+    tutorial8_batch: int = 1024
     tiny_sizes: tuple[int, ...] = (64, 64, 10)
     tiny_batch: int = 32
     warmup: int = 3

@@ -316,3 +316,52 @@ def test_a_mixed_precision_run_of_the_demo_goes_through_every_gpu_path(
     result, setup = run_regime(DigitsMLP(hidden=(32,)), "mixed", steps=40, measure_every=20)
     assert products and "sgd_momentum from float16" in kernels_on_numpy and "scaled squares" in kernels_on_numpy
     assert np.isfinite(result.metrics["train_loss"]) and result.metrics["accuracy"] > 0.5
+
+
+# ---- full reductions in many blocks --------------------------------------------------------------------------
+class _RowReduction:
+    """A NumPy stand-in for a CuPy ReductionKernel of squares: reduces everything, or along `axis`, in float64."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[int, ...], int | None]] = []
+
+    def __call__(self, x: np.ndarray, axis: int | None = None) -> np.ndarray:
+        self.calls.append((x.shape, axis))
+        wide = x.astype(np.float64)
+        return np.sum(wide * wide, axis=axis)
+
+
+@pytest.mark.parametrize("size", [1, 1000, 1 << 16, (1 << 16) + 1, 20 * unscale.ROW, 20 * unscale.ROW + 7])
+def test_in_rows_splits_a_large_array_into_rows_and_keeps_every_value(size: int) -> None:
+    """The splitting alone (on the CPU): every value is summed once, and only large arrays are split."""
+    g = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+    reduction = _RowReduction()
+    total = unscale._in_rows(reduction, g)
+    exact = np.sum(g.astype(np.float64) ** 2)
+    assert abs(total - exact) <= size * 2.0**-52 * exact
+    if size <= 1 << 16:
+        assert reduction.calls == [((size,), None)]  # one launch, as before
+    else:
+        rows = size // unscale.ROW
+        assert reduction.calls[0] == ((rows, unscale.ROW), 1)  # one block per row
+        assert len(reduction.calls) == (1 if size % unscale.ROW == 0 else 2)  # the partial row, when there is one
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("size", [1000, (1 << 16) + 1, 20 * unscale.ROW + 7, (1 << 22) + 5])
+def test_sums_of_squares_in_many_blocks_agree_with_float64_within_the_stated_bound(dtype: Any, size: int) -> None:
+    """unscale.py's bound: float64 sums of exact squares, in another order, within n * 2^-53 of the total."""
+    cupy = ta.backend.array_module("cuda")
+    rng = np.random.default_rng(size)
+    g = (rng.standard_normal(size) * 300).astype(dtype)
+    inverse = np.float32(2.0**-7)
+    wide = g.astype(np.float64)
+    unscaled = (g.astype(np.float32) * inverse).astype(np.float64)  # each product rounded to float32, as the kernel
+    exact = {"plain": np.sum(wide * wide), "scaled": np.sum(unscaled * unscaled)}
+    d = cupy.asarray(g)
+    got = {"plain": float(unscale.sum_of_squares(d)), "scaled": float(unscale.scaled_sum_of_squares(d, inverse))}
+    for key in exact:
+        assert abs(got[key] - exact[key]) <= size * 2.0**-53 * exact[key], (key, got[key], exact[key])
+    d[size // 2] = np.inf
+    assert not np.isfinite(float(unscale.sum_of_squares(d)))  # the overflow check still sees one inf

@@ -11,6 +11,16 @@ float64), so it is the overflow check too, and all of a step's sums reach the ho
 ``scaled_sum_of_squares`` reads a float16 gradient, unscales each value on the fly and sums
 the squares, writing nothing: the fused master updates (master_update.py) unscale the same
 gradient again inside their kernels, so no unscaled copy is ever stored.
+
+Many blocks, not one.  CuPy gives each *output* of a ``ReductionKernel`` one thread block, so
+a reduction of a whole array to one value runs on one of the GPU's 132 multiprocessors: 67
+million values took 19.5 ms on an H200, 87.5% of a training step.  ``_in_rows`` views a large
+array as rows of ``ROW`` values, reduces each row in its own block (float64 row sums), and adds
+the row sums in a second, small reduction.  The squares are exact in float64 (a float32 square
+has at most 48 significant bits) and every sum of them is in float64, so the order changes the
+total by at most about n * 2^-53 of itself (n the number of values): never a finite/non-finite
+difference, and far below what a norm is compared with.  tests/engine_room check the total
+against the reference's within that bound.
 """
 
 from __future__ import annotations
@@ -43,6 +53,22 @@ def _kernels() -> tuple[Any, Any, Any]:  # pragma: no cover - needs a GPU
     return multiply, squares, scaled_squares
 
 
+ROW = 4096  # values a block reduces: 4096 float16 = 8 KiB, 16,384 rows for a 8192 x 8192 gradient
+_ONE_BLOCK = 1 << 16  # at most this many values: one block is as fast as two launches
+
+
+def _in_rows(reduction: Any, g: Any, *args: Any) -> Any:
+    """``reduction(g.ravel(), *args)`` summed in many blocks: per row of ROW values, then over the rows."""
+    flat = g.ravel()
+    if flat.size <= _ONE_BLOCK:
+        return reduction(flat, *args)
+    whole = flat.size - flat.size % ROW
+    total = reduction(flat[:whole].reshape(-1, ROW), *args, axis=1).sum()
+    if whole < flat.size:  # the last partial row
+        total += reduction(flat[whole:], *args)
+    return total
+
+
 def applies(g: Any) -> bool:
     """A float16 or float32 CuPy gradient (float64 ones take the reference path)."""
     return g.dtype in (np.float16, np.float32) and on_gpu(g)
@@ -54,14 +80,14 @@ def multiply_(g: Any, factor: float) -> Any:
         return NotImplemented
     if factor != 1.0:
         _kernels()[0](np.float32(factor), g)
-    return _kernels()[1](g)
+    return _in_rows(_kernels()[1], g)
 
 
 def sum_of_squares(g: Any) -> Any:
     """sum(g^2) in float64, as a 0-d device array, without a float64 copy of g."""
-    return _kernels()[1](g) if applies(g) else NotImplemented
+    return _in_rows(_kernels()[1], g) if applies(g) else NotImplemented
 
 
 def scaled_sum_of_squares(g: Any, inverse: float) -> Any:
     """sum((g * inverse)^2) in float64, each product rounded to float32 first, as a 0-d device array."""
-    return _kernels()[2](g, np.float32(inverse))
+    return _in_rows(_kernels()[2], g, np.float32(inverse))
