@@ -59,6 +59,13 @@ def _faster(name: str, *args: Any) -> Any:
     return NotImplemented
 
 
+def call(name: str, reference: Callable[..., Any], *args: Any) -> Any:
+    """The engine room's `name` where one applies to `args`, else `reference(*args)`: for kernels whose
+    reference is written beside its op (GELU, softmax) rather than here."""
+    result = _faster(name, *args)
+    return reference(*args) if result is NotImplemented else result
+
+
 # ---- the kernels ----------------------------------------------------------------------------------------
 def cast(x: Any, dtype: Any, out: Any = None) -> Any:
     """`x` converted to `dtype`, rounded to nearest (ties to even) when narrower; into `out` if given.
@@ -196,5 +203,6 @@ def sum_of_squares(g: Any) -> Any:
 
 
 KERNELS = (
-    "cast", "add", "relu", "relu_backward", "product", "scatter_add", "multiply_", "sum_of_squares", "step_on_device",
+    "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "product",
+    "scatter_add", "multiply_", "sum_of_squares", "step_on_device",
 )  # fmt: skip

@@ -6,7 +6,9 @@ otherwise, so on a CPU the reference runs.  The CuPy kernels repeat the referenc
 arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they give its bits.
 
 * ``gemm``: FP16 x FP16 -> FP32 products as single cuBLAS GemmEx calls, bias fused;
-* ``unscale``: unscaling and sums of squares in one pass each;
+* ``unscale``: unscaling and sums of squares in one pass each, in many blocks;
+* ``fused_ops``: ReLU, GELU and softmax, each forward and backward pass in one kernel (or
+  three, for softmax's row reductions);
 * ``scaler_step``: a whole loss-scaler step with the skip decided on the device, over the
   fused master-weight updates of ``master_update``;
 * ``scatter``: scatter-adds with ``cupyx.scatter_add``.
@@ -14,7 +16,7 @@ arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they 
 
 from __future__ import annotations
 
-from tinyamp.cuda import gemm, scaler_step, scatter, unscale
+from tinyamp.cuda import fused_ops, gemm, scaler_step, scatter, unscale
 
 IMPLEMENTATIONS = {
     "product": gemm.product,
@@ -22,6 +24,12 @@ IMPLEMENTATIONS = {
     "sum_of_squares": unscale.sum_of_squares,
     "step_on_device": scaler_step.step_on_device,
     "scatter_add": scatter.scatter_add,
+    "relu": fused_ops.relu,
+    "relu_backward": fused_ops.relu_backward,
+    "gelu": fused_ops.gelu,
+    "gelu_backward": fused_ops.gelu_backward,
+    "softmax": fused_ops.softmax,
+    "softmax_backward": fused_ops.softmax_backward,
 }
 # tinyamp/__init__.py registers them behind tinyamp.kernels
 

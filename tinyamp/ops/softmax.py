@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinyamp import kernels
 from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.function import Function
@@ -22,20 +23,29 @@ def stable_log_softmax(x: Any, axis: int) -> Any:
     return shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
 
 
+def softmax_forward(x: Any, axis: int) -> Any:
+    """$e^{x - m} / \\sum_j e^{x_j - m}$ along `axis` on arrays."""
+    e = get_array_module(x).exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_backward(g: Any, out: Any, axis: int) -> Any:
+    """$y (g - \\sum_j g_j y_j)$ along `axis`, with y = softmax(x) the forward pass's output."""
+    return out * (g - (g * out).sum(axis=axis, keepdims=True))
+
+
 class Softmax(Function):
     """$y = \\mathrm{softmax}(x)$; $\\partial L/\\partial x = y (g - \\sum_j g_j y_j)$."""
 
     def forward(self, x: Any, axis: int) -> Any:
-        xp = get_array_module(x)
-        e = xp.exp(x - x.max(axis=axis, keepdims=True))
-        out = e / e.sum(axis=axis, keepdims=True)
+        out = kernels.call("softmax", softmax_forward, x, axis)  # one pass per step on a GPU
         self.axis = axis
         self.save_for_backward(out)
         return out
 
     def backward(self, g: Any) -> tuple[Any]:
         (out,) = self.saved
-        return (out * (g - (g * out).sum(axis=self.axis, keepdims=True)),)
+        return (kernels.call("softmax_backward", softmax_backward, g, out, self.axis),)
 
 
 class LogSoftmax(Function):

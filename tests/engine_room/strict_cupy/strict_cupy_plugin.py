@@ -1,7 +1,8 @@
 """pytest plugin (and import hook for the CLI runner) for the strict CuPy stand-in.
 
 The stand-in cannot run CUDA kernels, so the engine room's kernel-based GPU implementations
-(cuBLAS products, unscaling and sums of squares, the whole scaler step with fused updates)
+(cuBLAS products, unscaling and sums of squares, the whole scaler step with fused updates,
+the fused ReLU, GELU and softmax)
 are taken back from ``tinyamp.kernels``, and the reference code runs on the stand-in's
 arrays instead, which refuse every host/device mix that CuPy refuses.  Tests that call a
 kernel directly, or the GPU code with NumPy stand-ins for the kernels, are deselected.
@@ -15,13 +16,19 @@ import cupy  # the stand-in: tests/engine_room/strict_cupy is first on PYTHONPAT
 
 from tinyamp import cuda, kernels
 
-for _name in ("product", "multiply_", "sum_of_squares", "step_on_device"):
+_KERNEL_BASED = ("product", "multiply_", "sum_of_squares", "step_on_device", "relu", "relu_backward", "gelu",
+                 "gelu_backward", "softmax", "softmax_backward")  # fmt: skip
+for _name in _KERNEL_BASED:
     kernels.unregister(_name, cuda.IMPLEMENTATIONS[_name])
 
 NEEDS_FUSED_KERNELS = (
     "test_an_overflow_skipped_on_the_gpu_changes_nothing_and_rolls_back_the_counters",
     "test_one_fused_update_is_bit_identical_to_numpy",
     "test_fused_updates_keep_float32_subnormals_as_numpy_does",
+    "test_sums_of_squares_in_many_blocks_agree",
+    "test_fused_relu_",
+    "test_fused_gelu_",
+    "test_fused_softmax_",
 )
 
 

@@ -560,7 +560,8 @@ class ElementwiseKernel:
 
 
 class ReductionKernel(ElementwiseKernel):
-    pass
+    def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name="kernel", **kw):
+        self.name = name
 
 
 class RawKernel(ElementwiseKernel):
