@@ -128,7 +128,7 @@ def kernels(ctx: Any, sec: Any) -> None:  # pragma: no cover - needs a GPU and P
                    met=table.launches <= launch_target if launch_target else None)  # fmt: skip
         sec.record(f"{name}_device_to_host", table.device_to_host, f"{name}: device-to-host copies per step",
                    shown=f"{table.device_to_host:g}", target="<= 1", met=table.device_to_host <= 1)  # fmt: skip
-        sec.record(f"{name}_top", table.top(30))
+        sec.record(f"{name}_top", table.top(400))  # every kernel, for the JSON
         for row in table.top(5):
             sec.record(f"{name}_k_{row['kernel'][:40]}", row["ms_per_step"], f"{name}: {short(row['kernel'])}",
                        shown=f"{row['ms_per_step']:.3f} ms, {100 * row['share']:.1f}%, "

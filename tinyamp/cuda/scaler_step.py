@@ -5,12 +5,13 @@ finite, and then calls the optimizer or skips it.  On a GPU that read makes the 
 for the device before it can launch the update.  So here, for FP32 master weights whose
 every update has a fused kernel (master_update.py):
 
-1. one reduction kernel per float16 model gradient sums the squares of its unscaled values,
-   writing nothing (unscale.py); a non-finite sum makes the device's skip flag;
+1. one reduction per float16 model gradient sums the squares of its unscaled values into its
+   slot of one array of sums (unscale.py), writing nothing else; one more kernel makes the
+   device's skip flag from that array (1 where a sum is not finite);
 2. the update kernels read the model's float16 gradients, unscale them on the fly and read
    the flag themselves: where it is set they change nothing.  No float32 gradient is ever
    stored, 4 bytes per parameter saved at the peak of the step;
-3. the host reads the sums once; after an overflow it rolls its own counters back (the
+3. the host reads the array of sums, once; after an overflow it rolls its own counters back (the
    optimizer's step count, and the state entries the step created).
 
 Same arithmetic, so the same bits, as gather + unscale + step on the host (tests/engine_room
@@ -35,16 +36,18 @@ def step_on_device(optimizer: Any, inverse: float) -> Any:
         return NotImplemented
     present = [(i, name, p.grad) for i, (name, p) in enumerate(zip(optimizer.names, optimizer.model_params))
                if p.grad is not None]  # fmt: skip
-    sums = [unscale.scaled_sum_of_squares(g, inverse) for _, _, g in present]
-    xp = backend.get_array_module(sums[0])
-    skip = (~xp.isfinite(xp.stack(sums))).any().astype(np.int32)  # decided on the device
+    xp = backend.get_array_module(present[0][2])
+    sums = xp.empty(len(present), np.float64)  # one slot per gradient: one array to check and to read
+    for k, (_, _, g) in enumerate(present):
+        unscale.scaled_sum_of_squares(g, inverse, out=sums[k, ...])  # a 0-d view of slot k
+    skip = unscale.any_not_finite(sums)  # decided on the device
     inner = optimizer.optimizer
     counters = inner.step_count, [dict(s) for s in inner.state]
     inner.step_count += 1
     for i, _, g in present:
         master, model = optimizer.master_params[i], optimizer.model_params[i]
         master_update.fused_update(inner, master.data, g, inner.state[i], model.data, skip, inverse)
-    host = backend.host_floats(sums)  # the one read of the step
+    host = backend.to_device(sums, "cpu").tolist()  # the one read of the step
     if not all(math.isfinite(v) for v in host):  # the kernels changed nothing: undo the host's bookkeeping
         inner.step_count, inner.state = counters[0], [dict(s) for s in counters[1]]
     return {name: not math.isfinite(v) for (_, name, _), v in zip(present, host)}, host

@@ -57,13 +57,16 @@ ROW = 4096  # values a block reduces: 4096 float16 = 8 KiB, 16,384 rows for a 81
 _ONE_BLOCK = 1 << 16  # at most this many values: one block is as fast as two launches
 
 
-def _in_rows(reduction: Any, g: Any, *args: Any) -> Any:
-    """``reduction(g.ravel(), *args)`` summed in many blocks: per row of ROW values, then over the rows."""
+def _in_rows(reduction: Any, g: Any, *args: Any, out: Any = None) -> Any:
+    """``reduction(g.ravel(), *args)`` summed in many blocks: per row of ROW values, then over the rows.
+
+    With `out` (a 0-d float64 array, e.g. one slot of a step's array of sums) the total is written there.
+    """
     flat = g.ravel()
     if flat.size <= _ONE_BLOCK:
-        return reduction(flat, *args)
+        return reduction(flat, *args) if out is None else reduction(flat, *args, out=out)
     whole = flat.size - flat.size % ROW
-    total = reduction(flat[:whole].reshape(-1, ROW), *args, axis=1).sum()
+    total = reduction(flat[:whole].reshape(-1, ROW), *args, axis=1).sum(out=out)
     if whole < flat.size:  # the last partial row
         total += reduction(flat[whole:], *args)
     return total
@@ -88,6 +91,18 @@ def sum_of_squares(g: Any) -> Any:
     return _in_rows(_kernels()[1], g) if applies(g) else NotImplemented
 
 
-def scaled_sum_of_squares(g: Any, inverse: float) -> Any:
-    """sum((g * inverse)^2) in float64, each product rounded to float32 first, as a 0-d device array."""
-    return _in_rows(_kernels()[2], g, np.float32(inverse))
+def scaled_sum_of_squares(g: Any, inverse: float, out: Any = None) -> Any:
+    """sum((g * inverse)^2) in float64, each product rounded to float32 first, as a 0-d device array (or in `out`)."""
+    return _in_rows(_kernels()[2], g, np.float32(inverse), out=out)
+
+
+@cache
+def _any_not_finite() -> Any:  # pragma: no cover - needs a GPU
+    cupy = backend.array_module("cuda")
+    return cupy.ReductionKernel("float64 s", "int32 skip", "isfinite(s) ? 0 : 1", "max(a, b)", "skip = a", "0",
+                                "tinyamp_any_not_finite")  # fmt: skip
+
+
+def any_not_finite(sums: Any) -> Any:
+    """1 (int32, on the device) when one of `sums` is inf or NaN, else 0: a step's skip flag, in one kernel."""
+    return _any_not_finite()(sums)
