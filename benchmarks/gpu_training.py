@@ -89,9 +89,10 @@ def fp32_vs_mixed(ctx: Context, sec: Section, model: nn.Module, make_opt: Callab
     sec.record("peak_ratio", memory, "peak memory, mixed / FP32", shown=f"{memory:.3f}",
                target=f"<= {peak_target:g}" if has_peak else "",
                met=memory <= peak_target if has_peak else None)  # fmt: skip
-    held = sec.metrics["mixed_held_bytes"] / max(sec.metrics["fp32_held_bytes"], 1)
+    held_mixed, held_fp32 = sec.metrics["mixed_held_bytes"], sec.metrics["fp32_held_bytes"]
+    held = held_mixed / max(held_fp32, 1)
     sec.record("held_ratio", held, "held between steps (weights, masters, optimizer state), mixed / FP32",
-               shown=f"{held:.3f} ({mib(sec.metrics['mixed_held_bytes'])} / {mib(sec.metrics['fp32_held_bytes'])})")  # fmt: skip
+               shown=f"{held:.3f} ({mib(held_mixed)} / {mib(held_fp32)})")  # fmt: skip
     skips = sec.metrics["mixed_skipped_steps_after_warmup"]
     sec.record("skips_row", skips, "mixed steps skipped (overflow) after warm-up", shown=f"{skips} of "
                f"{sec.metrics['mixed_steps'] - cfg.warmup}")  # fmt: skip
