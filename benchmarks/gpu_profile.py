@@ -14,6 +14,7 @@ check it on the CPU; ``profile_step`` needs a GPU and PyTorch.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,11 +49,18 @@ def _is_copy(name: str) -> bool:
     return name.startswith(("Memcpy", "Memset")) or "memcpy" in name.lower() or "memset" in name.lower()
 
 
+def _is_runtime_call(name: str) -> bool:
+    """A CUDA runtime or driver API call (cudaLaunchKernel, cuLaunchKernel, ...) or a profiler record, not a kernel."""
+    return re.match(r"cu(da)?[A-Z]", name) is not None or name.startswith("Activity Buffer")
+
+
 def kernel_table(records: Iterable[tuple[str, float, int]], steps: int) -> KernelTable:
     """Group (name, device microseconds, count) records of `steps` steps into a KernelTable."""
     by_name: dict[str, list[float]] = {}
     d2h = 0
     for name, micros, count in records:
+        if _is_runtime_call(name):
+            continue
         if _is_copy(name):
             if "DtoH" in name or "Device -> Pageable" in name or "Device -> Pinned" in name:
                 d2h += count

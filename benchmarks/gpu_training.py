@@ -6,9 +6,12 @@ and, for ``--dry-run``, on NumPy at tiny sizes.
 
 from __future__ import annotations
 
+import cProfile
 import gc
+import pstats
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -210,6 +213,29 @@ def overhead(ctx: Context, sec: Section) -> None:
                shown=f"{ms(wall)} (mean of {20 * cfg.reps})")  # fmt: skip
     t = measure(dev.clock, mixed, cfg.warmup, 2 * cfg.reps)
     sec.record("mixed_host_s", t.host_s)
+    sec.record("mixed_host_profile", host_profile(dev, mixed, steps=20 * cfg.reps))
+    for row in sec.metrics["mixed_host_profile"][:15]:
+        sec.say(f"{row['ms_per_step']:.4f} ms/step own time, {row['calls_per_step']:g} calls/step  {row['function']}")
+
+
+def host_profile(dev: Any, step: Callable[[], None], steps: int) -> list[dict[str, Any]]:
+    """Where a step's host time goes: cProfile over `steps` steps, the functions with the most own time.
+
+    CuPy's launches are compiled code, so their cost shows as the own time of the Python function
+    that makes them (an op's forward, a kernel wrapper).
+    """
+    profiler = cProfile.Profile()
+    dev.clock.sync()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    dev.clock.sync()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:40]
+    return [{"function": f"{Path(file).name}:{line}({name})", "calls_per_step": calls / steps,
+             "ms_per_step": 1e3 * own / steps, "cumulative_ms_per_step": 1e3 * cumulative / steps}
+            for (file, line, name), (_, calls, own, cumulative, _) in rows]  # fmt: skip
 
 
 def _wall_per_step(dev: Any, step: Callable[[], None], cfg: Config) -> float:

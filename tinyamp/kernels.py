@@ -135,6 +135,12 @@ def product(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
     return result
 
 
+def sum_rows(x: Any) -> Any:
+    """The sum of a 2-D array's rows (over axis 0) in float32 at least: a bias's gradient, summed over a batch."""
+    result = _faster("sum_rows", x)
+    return x.sum(axis=0, dtype=dtypes.accumulation_dtype(x.dtype)) if result is NotImplemented else result
+
+
 def scatter_add(target: Any, index: Any, values: Any) -> None:
     """``target[index] += values``, where an index that repeats adds every one of its values."""
     if _faster("scatter_add", target, index, values) is NotImplemented:
@@ -203,6 +209,6 @@ def sum_of_squares(g: Any) -> Any:
 
 
 KERNELS = (
-    "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "product",
-    "scatter_add", "multiply_", "sum_of_squares", "step_on_device",
+    "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm",
+    "layer_norm_backward", "product", "sum_rows", "scatter_add", "multiply_", "sum_of_squares", "step_on_device",
 )  # fmt: skip

@@ -140,7 +140,8 @@ def integers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         ((3, 4), (4, 5), 3),
         ((2, 3, 4), (2, 4, 5), 3),
         ((2, 3, 4), (4, 5), 3),  # grad of the shared matrix: one product of flattened rows
-        ((3, 4), (2, 4, 5), 3),  # grad of the shared matrix sums over the batch: float32 products, then summed
+        ((3, 4), (2, 4, 5), 4),  # grad of the shared matrix sums over the batch: float32 products, then their
+        # sum over the batch, a product by a row of ones (kernels.sum_rows)
         ((2, 1, 3, 4), (1, 2, 4, 5), 3),  # both gradients sum over broadcast axes
     ],
 )
@@ -183,7 +184,9 @@ def test_the_cublas_path_of_linear_fuses_the_bias_and_transposes_by_flag(cublas_
     np.testing.assert_array_equal(tx.grad, (g64 @ w64).reshape(x_shape).astype(np.float16))
     np.testing.assert_array_equal(tw.grad, (g64.T @ x64).astype(np.float16))
     np.testing.assert_array_equal(tb.grad, g64.sum(axis=0).astype(np.float16))
-    forward, grad_x, grad_w = cublas_on_numpy  # all three products on cuBLAS, none copied
+    forward, grad_x, grad_w, grad_b = cublas_on_numpy  # all three products on cuBLAS, none copied, and the
+    rows = g64.shape[0]  # bias's gradient: the sum of g's rows as ones(1, rows) @ g
+    assert (grad_b.m, grad_b.n, grad_b.k) == (5, 1, rows) and not grad_b.trans_a and not grad_b.trans_b
     assert forward.trans_a and not forward.trans_b  # W.T read through the transpose flag
     assert not grad_x.trans_a and not grad_x.trans_b
     if len(x_shape) > 1:  # g.T @ x reads g through its flag (the transpose of one row is contiguous as it is)

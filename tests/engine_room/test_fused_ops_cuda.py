@@ -29,7 +29,8 @@ def test_on_numpy_arrays_every_fused_kernel_declines_and_the_reference_runs() ->
     x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
     for fn, args in ((fused_ops.relu, (x,)), (fused_ops.relu_backward, (x, x)), (fused_ops.gelu, (x,)),
                      (fused_ops.gelu_backward, (x, x)), (fused_ops.softmax, (x, -1)),
-                     (fused_ops.softmax_backward, (x, x, -1))):  # fmt: skip
+                     (fused_ops.softmax_backward, (x, x, -1)), (fused_ops.layer_norm, (x, x[0], x[0], 1e-5)),
+                     (fused_ops.layer_norm_backward, (x, x, x[:, :1], x[0]))):  # fmt: skip
         assert fn(*args) is NotImplemented
     assert np.array_equal(kernels.call("gelu", gelu_forward, x), gelu_forward(x))
 
@@ -118,3 +119,47 @@ def test_fused_softmax_and_its_backward_stay_within_the_stated_bound(axis: int) 
     y32 = ref.astype(np.float32).astype(np.float64)
     dot_bound = sum_bound * np.sum(np.abs(g * y32), axis=axis, keepdims=True)
     assert np.all(np.abs(r - r_ref) <= y32 * dot_bound + np.spacing(np.abs(r_ref).astype(np.float32)) * 2)
+
+
+@needs_cuda
+def test_fused_layer_norm_and_its_backward_stay_close_to_the_reference() -> None:
+    """Row sums in another order: the means within 2 (D - 1) * 2^-24 of the row's mean |x|, and what follows."""
+    from tinyamp.ops.normalization import layer_norm_backward, layer_norm_forward
+
+    rng = np.random.default_rng(5)
+    rows, d = 512, 1024
+    x = (rng.standard_normal((rows, d)) * 3 + 1).astype(np.float32)
+    w, b = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    g = rng.standard_normal((rows, d)).astype(np.float32)
+    xd, wd, bd, gd = _gpu(x), _gpu(w), _gpu(b), _gpu(g)
+    out, xhat, rstd = (_cpu(a).astype(np.float64) for a in fused_ops.layer_norm(xd, wd, bd, 1e-5))
+    with kernels.reference_only():
+        ref = [_cpu(a).astype(np.float64) for a in layer_norm_forward(xd, wd, bd, 1e-5)]
+    sum_error = 2 * (d - 1) * 2.0**-24
+    mean_abs = np.mean(np.abs(x), axis=-1, keepdims=True)
+    # the mean moves by sum_error * mean|x|, the variance by about 2 |xhat| / rstd times that, relative
+    assert np.all(np.abs(rstd - ref[2]) <= ref[2] * (4 * sum_error * mean_abs * ref[2] + 4 * sum_error + 2.0**-22))
+    xhat_bound = ref[2] * sum_error * mean_abs * (1 + 4 * np.abs(ref[1])) + 4 * sum_error * np.abs(ref[1]) + 2.0**-22
+    assert np.all(np.abs(xhat - ref[1]) <= xhat_bound)
+    assert np.all(np.abs(out - ref[0]) <= np.abs(w) * xhat_bound + np.spacing(np.abs(ref[0]).astype(np.float32)))
+    xhat_d, rstd_d = _gpu(ref[1].astype(np.float32)), _gpu(ref[2].astype(np.float32))
+    dx = _cpu(fused_ops.layer_norm_backward(gd, xhat_d, rstd_d, wd)).astype(np.float64)
+    dx_ref = _reference_on_gpu(layer_norm_backward, gd, xhat_d, rstd_d, wd).astype(np.float64)
+    gw = np.abs(g * w)
+    mean_bound = sum_error * np.mean(gw * (1 + np.abs(ref[1])), axis=-1, keepdims=True) * (1 + np.abs(ref[1]))
+    assert np.all(np.abs(dx - dx_ref) <= ref[2] * mean_bound + np.spacing(np.abs(dx_ref).astype(np.float32)) * 4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("shape", [(1, 7), (16384, 1024), (300, 4096), (64, 3)])
+def test_sum_rows_as_a_product_by_ones_is_a_float32_sum_of_the_rows(dtype: Any, shape: tuple[int, int]) -> None:
+    """Within (R - 1) * 2^-24 of the exact column sums' |x| sums: a bound every order of float32 sums meets."""
+    from tinyamp.cuda import gemm
+
+    x = (np.random.default_rng(6).standard_normal(shape) * 50).astype(dtype)
+    got = _cpu(gemm.sum_rows(_gpu(x)))
+    assert got.dtype == np.float32 and got.shape == (shape[1],)
+    exact = x.astype(np.float64).sum(axis=0)
+    bound = (shape[0] - 1) * 2.0**-24 * np.abs(x.astype(np.float64)).sum(axis=0)
+    assert np.all(np.abs(got - exact) <= bound)

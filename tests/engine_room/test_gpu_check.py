@@ -20,14 +20,18 @@ pytestmark = pytest.mark.engine_room
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ("env", "matmul", "mlp", "transformer", "overhead", "torch-amp", "cli", "tests")
-# the timings (seconds) each measuring section must report; torch-amp only where PyTorch is installed
+SECTIONS = ("env", "matmul", "mlp", "transformer", "tutorial8", "overhead", "kernels", "torch-amp",
+            "torch-transformer", "torch-tiny", "cli", "tests")  # fmt: skip
+# the timings (seconds) each measuring section must report; the torch-* ones only where PyTorch is installed
 TIMINGS = {
     "matmul": ("tinyamp_fp16_s", "cublas_fp16_s", "fp32_s", "tf32_s"),
     "mlp": ("fp32_step_s", "mixed_step_s"),
     "transformer": ("fp32_step_s", "mixed_step_s"),
-    "overhead": ("host_wall_s", "event_s", "busy_s", "mixed_host_s"),
+    "tutorial8": ("fp32_step_s", "mixed_step_s"),
+    "overhead": ("host_wall_s", "event_s", "mixed_wall_s", "mixed_host_s"),
     "torch-amp": ("torch_amp_step_s",),
+    "torch-transformer": ("fp32_step_s", "amp_step_s"),
+    "torch-tiny": ("amp_host_s",),
     "cli": ("train_seconds", "demo_seconds"),
 }
 
@@ -57,10 +61,11 @@ def test_dry_run_prints_every_section_and_writes_positive_timings(tmp_path: Path
     sections = doc["sections"]
     assert list(sections) == list(SECTIONS)
     assert sections["tests"]["status"] == "skipped"  # no pytest subprocess in a dry run
+    assert sections["kernels"]["status"] == "skipped"  # the kernel tables need a GPU
     torch_missing = sections["torch-amp"]["status"] == "skipped"
     for name, section in sections.items():
         assert isinstance(section["seconds"], float) and section["seconds"] > 0
-        if name == "torch-amp" and torch_missing:
+        if name.startswith("torch-") and torch_missing:
             continue
         if name in TIMINGS:
             assert section["status"] == "ok", section["error"]
@@ -69,6 +74,8 @@ def test_dry_run_prints_every_section_and_writes_positive_timings(tmp_path: Path
                 assert isinstance(value, float) and value > 0, (name, key, value)
     assert sections["matmul"]["metrics"]["tinyamp_error"] < 1e-2
     assert sections["mlp"]["metrics"]["fp32_peak_bytes"] > 0 and sections["mlp"]["metrics"]["mixed_peak_bytes"] > 0
+    profile = sections["overhead"]["metrics"]["mixed_host_profile"]  # where the tiny step's host time goes
+    assert profile and all(row["ms_per_step"] >= 0 and row["calls_per_step"] > 0 for row in profile)
 
 
 @pytest.mark.skipif(tinyamp.cuda_is_available(), reason="a GPU is usable here: the script would run for real")
@@ -77,3 +84,25 @@ def test_without_a_gpu_it_says_so_and_exits_with_status_2(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert "no CUDA GPU is usable" in result.stderr and "--dry-run" in result.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_kernel_tables_count_kernels_copies_and_findings_not_runtime_calls() -> None:
+    """gpu_profile.kernel_table on records as PyTorch's profiler gives them (no GPU needed)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_profile import kernel_table
+
+    records = [
+        ("tinyamp_scaled_sum_of_squares", 6000.0, 6), ("cupy_add__float16_float16_float16", 1500.0, 9),
+        ("Memcpy DtoH (Device -> Pageable)", 30.0, 3), ("Memset (Device)", 3.0, 3),
+        ("cuLaunchKernel", 0.0, 12), ("cudaStreamIsCapturing", 0.0, 4), ("Activity Buffer Request", 0.0, 1),
+    ]  # fmt: skip
+    table = kernel_table(records, steps=3)
+    assert table.launches == 5  # 15 kernels in 3 steps: the runtime API calls are not kernels
+    assert table.device_to_host == 1
+    assert abs(table.busy_s - 2.5e-3) < 1e-12
+    assert [name for name, _, _ in table.kernels] == [
+        "tinyamp_scaled_sum_of_squares",
+        "cupy_add__float16_float16_float16",
+    ]
+    assert table.findings() == ["tinyamp_scaled_sum_of_squares takes 80.0% of the step's GPU time (2.00 ms a step)"]
+    assert table.top(1)[0]["share"] == 0.8

@@ -5,10 +5,11 @@ for ``tinyamp.kernels`` only for CuPy arrays (``device.on_gpu``) and returns ``N
 otherwise, so on a CPU the reference runs.  The CuPy kernels repeat the reference's float32
 arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they give its bits.
 
-* ``gemm``: FP16 x FP16 -> FP32 products as single cuBLAS GemmEx calls, bias fused;
+* ``gemm``: FP16 x FP16 -> FP32 products as single cuBLAS GemmEx calls, bias fused; sums of
+  rows (bias gradients) as products by a row of ones;
 * ``unscale``: unscaling and sums of squares in one pass each, in many blocks;
-* ``fused_ops``: ReLU, GELU and softmax, each forward and backward pass in one kernel (or
-  three, for softmax's row reductions);
+* ``fused_ops``: ReLU, GELU, softmax and layer norm, each forward and backward pass in one
+  kernel (or a few, for the row reductions of softmax and layer norm);
 * ``scaler_step``: a whole loss-scaler step with the skip decided on the device, over the
   fused master-weight updates of ``master_update``;
 * ``scatter``: scatter-adds with ``cupyx.scatter_add``.
@@ -20,6 +21,7 @@ from tinyamp.cuda import fused_ops, gemm, scaler_step, scatter, unscale
 
 IMPLEMENTATIONS = {
     "product": gemm.product,
+    "sum_rows": gemm.sum_rows,
     "multiply_": unscale.multiply_,
     "sum_of_squares": unscale.sum_of_squares,
     "step_on_device": scaler_step.step_on_device,
@@ -30,6 +32,8 @@ IMPLEMENTATIONS = {
     "gelu_backward": fused_ops.gelu_backward,
     "softmax": fused_ops.softmax,
     "softmax_backward": fused_ops.softmax_backward,
+    "layer_norm": fused_ops.layer_norm,
+    "layer_norm_backward": fused_ops.layer_norm_backward,
 }
 # tinyamp/__init__.py registers them behind tinyamp.kernels
 

@@ -1,8 +1,9 @@
-"""Engine room: ReLU, GELU and softmax on the GPU, each pass of the reference in one kernel.
+"""Engine room: ReLU, GELU, softmax and layer norm on the GPU, each pass of the reference in one kernel or a few.
 
 The reference code of these ops is a chain of whole-array operations (ReLU's select is
 ``where((x > 0) | isnan(x), x, 0)``: four kernels; GELU widens x to float32, then about ten
-multiplies, adds and a tanh, then rounds; softmax is max, subtract, exp, sum, divide).  On a
+multiplies, adds and a tanh, then rounds; softmax is max, subtract, exp, sum, divide; layer
+norm twelve passes forward and ten backward).  On a
 GPU each of them is a trip through memory: on an H200 the elementwise kernels took 77% of the
 GPU time of gpu_check's transformer step in mixed precision (122 of 159 ms).  Here each
 forward or backward pass reads its inputs once and writes its result once, and inside the
@@ -17,10 +18,12 @@ kernel it does the reference's float32 operations in the reference's order:
 So ReLU gives the reference's bits exactly, and GELU gives the bits of the reference run on
 the GPU (NumPy's tanh is another implementation: against the CPU the two differ by what
 the two tanh functions differ by, CUDA's tanhf being within 2 ulp, before the final rounding).
-Softmax sums each row in one reduction of its own, in float32 like the reference but in
-another order: any two orders of a float32 sum of n positive terms agree within
-2 (n - 1) * 2^-24 of the sum, so each output is within that (relative) plus an ulp of the
-reference's; the backward pass's sum of g * y within 2 (n - 1) * 2^-24 of the sum of |g * y|.
+Softmax and layer norm sum each row in a reduction of their own (one block per row), in float32
+like the reference but in another order: any two orders of a float32 sum of n terms agree
+within 2 (n - 1) * 2^-24 of the sum of the terms' magnitudes, so softmax's outputs are within
+that (relative) plus an ulp of the reference's, its backward pass's row sums of g * y within
+that of the sum of |g * y|, and layer norm's means, variances and outputs within what those
+sums' differences carry through (the test states the bounds).
 tests/engine_room/test_fused_ops_cuda.py checks each statement on a GPU.
 """
 
@@ -39,8 +42,22 @@ from tinyamp.cuda.exact_float32 import PREAMBLE
 _GELU_C, _GELU_A = np.float32(math.sqrt(2 / math.pi)), np.float32(0.044715)
 _GELU_3A = np.float32(3 * 0.044715)  # the reference's 3 * a is a Python (double) product, then rounded
 
-_RELU = "float v = (float)x; y = (v > 0.0f || v != v) ? x : (T)0.0f;"  # NaN kept, -0 becomes +0
-_RELU_BACKWARD = "r = ((float)out > 0.0f) ? g : (T)0.0f;"
+# ReLU's tests and select, exact.  CuPy compiles with -ftz=true, so a float comparison would see a
+# positive float32 subnormal as 0; the tests read the bits instead.  And the select stays a select:
+# the compiler would turn (x > 0 || x != x) ? x : 0 into a float max, which returns CUDA's canonical
+# NaN (0x7fffffff) instead of x's own bits, so the bits are made opaque to it first.
+_SELECT = r"""
+__device__ __forceinline__ bool positive(float v) { int b = __float_as_int(v); return b > 0 && b <= 0x7f800000; }
+__device__ __forceinline__ bool is_nan(float v) { return (__float_as_int(v) & 0x7fffffff) > 0x7f800000; }
+template <typename T> __device__ __forceinline__ T keep_or_zero(bool keep, T x) { return keep ? x : T(0.0f); }
+__device__ __forceinline__ float keep_or_zero(bool keep, float x) {
+    unsigned int bits = __float_as_uint(x);
+    asm("" : "+r"(bits));
+    return __uint_as_float(keep ? bits : 0u);
+}
+"""
+_RELU = "float v = (float)x; y = keep_or_zero(positive(v) || is_nan(v), x);"  # NaN kept, -0 becomes +0
+_RELU_BACKWARD = "r = keep_or_zero(positive((float)out), g);"  # where out > 0 (not NaN), else +0
 _GELU_T = """
 float w = (float)x;
 float t = tanhf(f32_mul(c, f32_add(w, f32_mul(f32_mul(f32_mul(a, w), w), w))));
@@ -57,56 +74,52 @@ r = (T)f32_mul((float)g, d);
 )
 
 
+# the mean over the reduced axis, as CuPy's own mean computes it: the float32 sum divided by the count
+_MEAN = "m = a / (float)(_in_ind.size() / _out_ind.size())"
+_MEAN_V = _MEAN.replace("m =", "v =")
+_LAYER_NORM_BACKWARD = """
+float gh = f32_mul(g, w);
+dx = f32_mul(r, f32_sub(f32_sub(gh, mg), f32_mul(xhat, mgx)));
+"""
+
+
+_PREAMBLE = PREAMBLE + _SELECT
+
+# name: (kind, inputs, outputs, body); a reduction's body is (map, reduce, post-map, identity), it uses PREAMBLE
+_SOURCES: dict[str, tuple[str, str, str, Any]] = {
+    "relu": ("map", "T x", "T y", _RELU),
+    "relu_backward": ("map", "T g, U out", "T r", _RELU_BACKWARD),
+    "gelu": ("map", "T x, float32 c, float32 a", "T y", _GELU),
+    "gelu_backward": ("map", "T g, U x, float32 c, float32 a, float32 a3", "T r", _GELU_BACKWARD),
+    "softmax_sum": ("reduce", "float32 x, float32 m", "float32 s", ("expf(f32_sub(x, m))", "a + b", "s = a", "0")),
+    "softmax": ("map", "float32 x, float32 m, float32 s", "float32 y", "y = f32_div(expf(f32_sub(x, m)), s);"),
+    "softmax_dot": ("reduce", "float32 g, float32 y", "float32 s", ("f32_mul(g, y)", "a + b", "s = a", "0")),
+    "softmax_backward": ("map", "float32 g, float32 y, float32 s", "float32 r", "r = f32_mul(y, f32_sub(g, s));"),
+    "row_mean": ("reduce", "float32 x", "float32 m", ("x", "a + b", _MEAN, "0")),
+    "row_var": ("reduce", "float32 x, float32 m", "float32 v", ("f32_mul(f32_sub(x, m), f32_sub(x, m))", "a + b",
+                                                                 _MEAN_V, "0")),
+    "rstd": ("map", "float32 v, float32 eps", "float32 r", "r = f32_div(1.0f, f32_sqrt(f32_add(v, eps)));"),
+    "layer_norm": ("map", "float32 x, float32 m, float32 r, float32 w, float32 b", "float32 xhat, float32 y",
+                   "xhat = f32_mul(f32_sub(x, m), r); y = f32_add(f32_mul(xhat, w), b);"),
+    "layer_norm_mean_g": ("reduce", "float32 g, float32 w", "float32 m", ("f32_mul(g, w)", "a + b", _MEAN, "0")),
+    "layer_norm_mean_gx": ("reduce", "float32 g, float32 w, float32 xhat", "float32 m",
+                           ("f32_mul(f32_mul(g, w), xhat)", "a + b", _MEAN, "0")),
+    "layer_norm_backward": ("map", "float32 g, float32 w, float32 xhat, float32 r, float32 mg, float32 mgx",
+                            "float32 dx", _LAYER_NORM_BACKWARD),
+}  # fmt: skip
+
+
 @cache
 def _kernels() -> dict[str, Any]:  # pragma: no cover - needs a GPU
+    """Every kernel of _SOURCES, compiled by CuPy on first use (named tinyamp_NAME in a profiler's table)."""
     cupy = backend.array_module("cuda")
-    E, R = cupy.ElementwiseKernel, cupy.ReductionKernel
-    return {
-        "relu": E("T x", "T y", _RELU, "tinyamp_relu"),
-        "relu_backward": E("T g, U out", "T r", _RELU_BACKWARD, "tinyamp_relu_backward"),
-        "gelu": E("T x, float32 c, float32 a", "T y", _GELU, "tinyamp_gelu", preamble=PREAMBLE),
-        "gelu_backward": E(
-            "T g, U x, float32 c, float32 a, float32 a3",
-            "T r",
-            _GELU_BACKWARD,
-            "tinyamp_gelu_backward",
-            preamble=PREAMBLE,
-        ),
-        "exp_sum": R(
-            "float32 x, float32 m",
-            "float32 s",
-            "expf(f32_sub(x, m))",
-            "a + b",
-            "s = a",
-            "0",
-            "tinyamp_softmax_sum",
-            preamble=PREAMBLE,
-        ),
-        "softmax": E(
-            "float32 x, float32 m, float32 s",
-            "float32 y",
-            "y = f32_div(expf(f32_sub(x, m)), s);",
-            "tinyamp_softmax",
-            preamble=PREAMBLE,
-        ),
-        "dot": R(
-            "float32 g, float32 y",
-            "float32 s",
-            "f32_mul(g, y)",
-            "a + b",
-            "s = a",
-            "0",
-            "tinyamp_softmax_dot",
-            preamble=PREAMBLE,
-        ),
-        "softmax_backward": E(
-            "float32 g, float32 y, float32 s",
-            "float32 r",
-            "r = f32_mul(y, f32_sub(g, s));",
-            "tinyamp_softmax_backward",
-            preamble=PREAMBLE,
-        ),
-    }
+    made = {}
+    for name, (kind, inputs, outputs, body) in _SOURCES.items():
+        if kind == "map":
+            made[name] = cupy.ElementwiseKernel(inputs, outputs, body, f"tinyamp_{name}", preamble=_PREAMBLE)
+        else:
+            made[name] = cupy.ReductionKernel(inputs, outputs, *body, f"tinyamp_{name}", preamble=_PREAMBLE)
+    return made
 
 
 def _floats(*arrays: Any, dtypes: tuple[Any, ...] = (np.float16, np.float32)) -> bool:
@@ -143,7 +156,7 @@ def softmax(x: Any, axis: int) -> Any:
         return NotImplemented
     k = _kernels()
     m = x.max(axis=axis, keepdims=True)
-    return k["softmax"](x, m, k["exp_sum"](x, m, axis=axis, keepdims=True))
+    return k["softmax"](x, m, k["softmax_sum"](x, m, axis=axis, keepdims=True))
 
 
 def softmax_backward(g: Any, out: Any, axis: int) -> Any:
@@ -151,4 +164,28 @@ def softmax_backward(g: Any, out: Any, axis: int) -> Any:
     if not _floats(g, out, dtypes=(np.float32,)):
         return NotImplemented
     k = _kernels()
-    return k["softmax_backward"](g, out, k["dot"](g, out, axis=axis, keepdims=True))
+    return k["softmax_backward"](g, out, k["softmax_dot"](g, out, axis=axis, keepdims=True))
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    """LayerNorm's forward pass (ops/normalization.layer_norm_forward) in four kernels: the row means,
+    the row variances, 1/sqrt(var + eps), then xhat and the output together."""
+    if weight is None or bias is None or not _floats(x, dtypes=(np.float32,)) or not _floats(weight, bias):
+        return NotImplemented
+    if weight.dtype != np.float32 or bias.dtype != np.float32:
+        return NotImplemented
+    k = _kernels()
+    m = k["row_mean"](x, axis=-1, keepdims=True)
+    r = k["rstd"](k["row_var"](x, m, axis=-1, keepdims=True), np.float32(eps))
+    xhat, out = k["layer_norm"](x, m, r, weight, bias)
+    return out, xhat, r
+
+
+def layer_norm_backward(g: Any, xhat: Any, rstd: Any, weight: Any) -> Any:
+    """LayerNorm's backward pass for x (ops/normalization.layer_norm_backward) in three kernels."""
+    if weight is None or not _floats(g, xhat, dtypes=(np.float32,)) or not _floats(rstd, weight, dtypes=(np.float32,)):
+        return NotImplemented
+    k = _kernels()
+    mean_g = k["layer_norm_mean_g"](g, weight, axis=-1, keepdims=True)
+    mean_gx = k["layer_norm_mean_gx"](g, weight, xhat, axis=-1, keepdims=True)
+    return k["layer_norm_backward"](g, weight, xhat, rstd, mean_g, mean_gx)

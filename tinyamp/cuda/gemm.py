@@ -21,6 +21,7 @@ reading of the column-major formula); ``matmul`` makes the call.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -134,7 +135,7 @@ def operands(a: Any, b: Any) -> tuple[Operand, Operand, tuple[int, ...]]:
 
 
 def matmul(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
-    """a @ b for float16 CuPy arrays: FP32 accumulation on Tensor Cores, rounded once to `out_dtype`.
+    """a @ b for float16 CuPy arrays (float32 ones too, for sum_rows): FP32 accumulation, rounded once to `out_dtype`.
 
     `out_dtype` is float16 or float32.  With `bias` (shape (N,), 2-D products only) the
     output starts as the broadcast bias and cuBLAS adds the product to it (beta = 1)
@@ -161,30 +162,60 @@ def matmul(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
     return out
 
 
+_COMPUTE_32F_PEDANTIC = 69  # cublasComputeType_t: float32 products and sums, never TF32 whatever the math mode
+
+
 def _call(p: GemmPlan, a: Any, b: Any, c: Any, beta: float) -> None:  # pragma: no cover - needs a GPU
-    """One cuBLAS call: C_cm = A_cm B_cm (column-major names), FP16 in, FP32 compute."""
+    """One cuBLAS call: C_cm = A_cm B_cm (column-major names), FP16 (Tensor Cores) or FP32 in, FP32 compute."""
     cupy = backend.array_module("cuda")
     cublas, runtime = backend.cublas(), cupy.cuda.runtime
     handle = cupy.cuda.device.get_cublas_handle()
     # alpha and beta are read from host memory (CuPy's default pointer mode) during the call
     alpha_host, beta_host = np.array(1.0, np.float32), np.array(beta, np.float32)
     c_type = runtime.CUDA_R_16F if c.dtype == _FLOAT16 else runtime.CUDA_R_32F
+    if a.dtype == _FLOAT16:
+        ab_type, compute, algo = runtime.CUDA_R_16F, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP
+    else:  # float32 operands (sum_rows): plain FP32, even where CUPY_TF32 set the handle's math mode to TF32
+        ab_type, compute, algo = runtime.CUDA_R_32F, _COMPUTE_32F_PEDANTIC, cublas.CUBLAS_GEMM_DEFAULT
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
     common = (handle, op[p.trans_a], op[p.trans_b], p.m, p.n, p.k, alpha_host.ctypes.data)
-    algo = cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP
     if p.batch == 1:
         cublas.gemmEx(
             *common,
-            a.data.ptr, runtime.CUDA_R_16F, p.lda,
-            b.data.ptr, runtime.CUDA_R_16F, p.ldb,
+            a.data.ptr, ab_type, p.lda,
+            b.data.ptr, ab_type, p.ldb,
             beta_host.ctypes.data, c.data.ptr, c_type, p.ldc,
-            cublas.CUBLAS_COMPUTE_32F, algo,
+            compute, algo,
         )  # fmt: skip
     else:
         cublas.gemmStridedBatchedEx(
             *common,
-            a.data.ptr, runtime.CUDA_R_16F, p.lda, p.stride_a,
-            b.data.ptr, runtime.CUDA_R_16F, p.ldb, p.stride_b,
+            a.data.ptr, ab_type, p.lda, p.stride_a,
+            b.data.ptr, ab_type, p.ldb, p.stride_b,
             beta_host.ctypes.data, c.data.ptr, c_type, p.ldc, p.stride_c,
-            p.batch, cublas.CUBLAS_COMPUTE_32F, algo,
+            p.batch, compute, algo,
         )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=32)
+def _ones(xp: Any, rows: int, dtype: str, device: int | None) -> Any:
+    """A cached (1, rows) row of ones on `device` (kept: it is built once per bias shape)."""
+    if device is None:
+        return xp.ones((1, rows), dtype=dtype)
+    with xp.cuda.Device(device):
+        return xp.ones((1, rows), dtype=dtype)
+
+
+def sum_rows(x: Any) -> Any:
+    """``tinyamp.kernels.sum_rows`` for a 2-D float16 or float32 CuPy array: ones(1, R) @ x in one cuBLAS call.
+
+    A reduction over axis 0 reads the rows with a stride; a product by a row of ones reads x
+    once, at full bandwidth.  Each product x * 1 is exact and the sums are float32 (Tensor
+    Cores for float16, plain FP32 for float32), as in the reference, but cuBLAS adds them in its
+    own order: each column within 2 (R - 1) * 2^-24 of the sum of its |x| of the reference's.
+    """
+    if not (on_gpu(x) and x.ndim == 2 and x.dtype in (_FLOAT16, _FLOAT32) and 0 not in x.shape):
+        return NotImplemented
+    rows, cols = x.shape
+    device = getattr(getattr(x, "device", None), "id", None)  # a CuPy array's GPU
+    return matmul(_ones(backend.get_array_module(x), rows, x.dtype.str, device), x, _FLOAT32).reshape(cols)

@@ -8,6 +8,7 @@ float32 (``dtypes.accumulation_dtype``) and is rounded to the tensor's dtype onc
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -20,5 +21,8 @@ def unbroadcast(grad: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     if grad.shape != shape:
         lead = grad.ndim - len(shape)
         axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
-        grad = grad.sum(axis=axes, dtype=dtypes.accumulation_dtype(grad.dtype)).reshape(shape)
+        if lead and axes == tuple(range(lead)):  # only leading axes: the sum of the rows of a 2-D view
+            grad = kernels.sum_rows(grad.reshape(-1, math.prod(shape))).reshape(shape)
+        else:
+            grad = grad.sum(axis=axes, dtype=dtypes.accumulation_dtype(grad.dtype)).reshape(shape)
     return kernels.cast(grad, dtype)

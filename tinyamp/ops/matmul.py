@@ -83,7 +83,7 @@ class Linear(Function):
         grad_w = kernels.product(rows.T, _rows(x), weight.dtype) if need_w else None
         if self.bias_dtype is None:
             return grad_x, grad_w
-        grad_b = kernels.widen(rows).sum(axis=0).astype(self.bias_dtype, copy=False) if need_b[0] else None
+        grad_b = kernels.sum_rows(rows).astype(self.bias_dtype, copy=False) if need_b[0] else None
         return grad_x, grad_w, grad_b
 
 

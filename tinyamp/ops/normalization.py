@@ -14,32 +14,47 @@ from typing import Any
 from tinyamp import kernels
 from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
-from tinyamp.dtypes import accumulation_dtype
 from tinyamp.function import Function
 from tinyamp.tensor import Tensor
+
+
+def layer_norm_forward(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, Any, Any]:
+    """(out, xhat, rstd) for arrays: each row centered, divided by its standard deviation, scaled, shifted."""
+    xp = get_array_module(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    rstd = 1 / xp.sqrt(var + eps)
+    xhat = centered * rstd
+    out = xhat
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, xhat, rstd
+
+
+def layer_norm_backward(g: Any, xhat: Any, rstd: Any, weight: Any) -> Any:
+    """dL/dx for arrays, row by row: $r (\\hat g - \\bar{\\hat g} - \\hat x\\, \\overline{\\hat g \\hat x})$,
+    where $\\hat g = g \\gamma$ and a bar is a row's mean."""
+    ghat = g if weight is None else g * weight
+    mean_g = ghat.mean(axis=-1, keepdims=True)
+    mean_gx = (ghat * xhat).mean(axis=-1, keepdims=True)
+    return rstd * (ghat - mean_g - xhat * mean_gx)
 
 
 class LayerNorm(Function):
     """Normalize each row of x (last axis), then scale by weight and shift by bias.
 
     $\\partial L/\\partial x = \\frac{r}{D}(D \\hat g - \\sum \\hat g - \\hat x \\sum \\hat g \\hat x)$
-    with $\\hat g = g \\gamma$ and $r = 1/\\sqrt{\\sigma^2 + \\epsilon}$.
+    with $\\hat g = g \\gamma$ and $r = 1/\\sqrt{\\sigma^2 + \\epsilon}$.  On a GPU each pass is a few
+    fused kernels (tinyamp/cuda/fused_ops.py).
     """
 
     def forward(self, x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
-        xp = get_array_module(x)
-        mean = x.mean(axis=-1, keepdims=True)
-        centered = x - mean
-        var = (centered * centered).mean(axis=-1, keepdims=True)
-        rstd = 1 / xp.sqrt(var + eps)
-        xhat = centered * rstd
+        out, xhat, rstd = kernels.call("layer_norm", layer_norm_forward, x, weight, bias, eps)
         self.save_for_backward(xhat, rstd, weight)
         self.dtypes = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        out = xhat
-        if weight is not None:
-            out = out * weight
-        if bias is not None:
-            out = out + bias
         return out
 
     def backward(self, g: Any) -> tuple[Any, ...]:
@@ -47,17 +62,14 @@ class LayerNorm(Function):
         x_dtype, w_dtype, b_dtype = self.dtypes
         needs = self.needs_input_grad
         rows = g.reshape(-1, g.shape[-1])
-        acc = accumulation_dtype(g.dtype)
         grads: list[Any] = [None]
         if weight is not None:
-            grads.append((rows * xhat.reshape(rows.shape)).sum(axis=0, dtype=acc).astype(w_dtype) if needs[1] else None)
+            grads.append(kernels.sum_rows(rows * xhat.reshape(rows.shape)).astype(w_dtype) if needs[1] else None)
         if b_dtype is not None:
-            grads.append(rows.sum(axis=0, dtype=acc).astype(b_dtype) if needs[-1] else None)
+            grads.append(kernels.sum_rows(rows).astype(b_dtype) if needs[-1] else None)
         if needs[0]:
-            ghat = g if weight is None else g * weight
-            mean_g = ghat.mean(axis=-1, keepdims=True)
-            mean_gx = (ghat * xhat).mean(axis=-1, keepdims=True)
-            grads[0] = kernels.cast(rstd * (ghat - mean_g - xhat * mean_gx), x_dtype)
+            dx = kernels.call("layer_norm_backward", layer_norm_backward, g, xhat, rstd, weight)
+            grads[0] = kernels.cast(dx, x_dtype)
         return tuple(grads)
 
 
