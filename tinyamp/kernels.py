@@ -210,5 +210,6 @@ def sum_of_squares(g: Any) -> Any:
 
 KERNELS = (
     "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm",
-    "layer_norm_backward", "product", "sum_rows", "scatter_add", "multiply_", "sum_of_squares", "step_on_device",
+    "layer_norm_backward", "cross_entropy", "cross_entropy_backward", "product", "sum_rows", "scatter_add",
+    "multiply_", "sum_of_squares", "step_on_device",
 )  # fmt: skip

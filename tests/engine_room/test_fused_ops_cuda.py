@@ -163,3 +163,26 @@ def test_sum_rows_as_a_product_by_ones_is_a_float32_sum_of_the_rows(dtype: Any, 
     exact = x.astype(np.float64).sum(axis=0)
     bound = (shape[0] - 1) * 2.0**-24 * np.abs(x.astype(np.float64)).sum(axis=0)
     assert np.all(np.abs(got - exact) <= bound)
+
+
+@needs_cuda
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_cross_entropy_within_the_sum_bound_and_its_backward_bit_for_bit(reduction: str) -> None:
+    from tinyamp.ops.losses import cross_entropy_backward, cross_entropy_forward
+
+    rng = np.random.default_rng(7)
+    n, c = 4096, 128
+    rows = (rng.standard_normal((n, c)) * 3).astype(np.float32)
+    labels = rng.integers(0, c, size=n)
+    rows_d, labels_d = _gpu(rows), _gpu(labels)
+    loss, log_probs = (_cpu(a).astype(np.float64) for a in fused_ops.cross_entropy(rows_d, labels_d, reduction))
+    with kernels.reference_only():
+        ref_loss, ref_lp = (_cpu(a).astype(np.float64) for a in cross_entropy_forward(rows_d, labels_d, reduction))
+    lp_bound = 2 * (c - 1) * 2.0**-24 + 2 * np.spacing(np.abs(ref_lp).astype(np.float32))  # log of a sum, re-ordered
+    assert np.all(np.abs(log_probs - ref_lp) <= lp_bound)
+    per_loss = lp_bound.max() * (1 if reduction == "mean" else n)
+    assert abs(loss - ref_loss) <= per_loss + n * 2.0**-24 * abs(ref_loss)
+    g = _gpu(np.array(0.75, np.float32))
+    lp_d = _gpu(ref_lp.astype(np.float32))
+    got = _cpu(fused_ops.cross_entropy_backward(g, lp_d, labels_d, reduction))
+    assert got.tobytes() == _reference_on_gpu(cross_entropy_backward, g, lp_d, labels_d, reduction).tobytes()

@@ -8,8 +8,8 @@ arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they 
 * ``gemm``: FP16 x FP16 -> FP32 products as single cuBLAS GemmEx calls, bias fused; sums of
   rows (bias gradients) as products by a row of ones;
 * ``unscale``: unscaling and sums of squares in one pass each, in many blocks;
-* ``fused_ops``: ReLU, GELU, softmax and layer norm, each forward and backward pass in one
-  kernel (or a few, for the row reductions of softmax and layer norm);
+* ``fused_ops``: ReLU, GELU, softmax, layer norm and cross-entropy, each forward and backward
+  pass in one kernel (or a few, for their row reductions);
 * ``scaler_step``: a whole loss-scaler step with the skip decided on the device, over the
   fused master-weight updates of ``master_update``;
 * ``scatter``: scatter-adds with ``cupyx.scatter_add``.
@@ -34,6 +34,8 @@ IMPLEMENTATIONS = {
     "softmax_backward": fused_ops.softmax_backward,
     "layer_norm": fused_ops.layer_norm,
     "layer_norm_backward": fused_ops.layer_norm_backward,
+    "cross_entropy": fused_ops.cross_entropy,
+    "cross_entropy_backward": fused_ops.cross_entropy_backward,
 }
 # tinyamp/__init__.py registers them behind tinyamp.kernels
 

@@ -3,7 +3,8 @@
 The reference code of these ops is a chain of whole-array operations (ReLU's select is
 ``where((x > 0) | isnan(x), x, 0)``: four kernels; GELU widens x to float32, then about ten
 multiplies, adds and a tanh, then rounds; softmax is max, subtract, exp, sum, divide; layer
-norm twelve passes forward and ten backward).  On a
+norm twelve passes forward and ten backward; cross-entropy's gradient an exp, a scatter by
+fancy indexing and a multiply).  On a
 GPU each of them is a trip through memory: on an H200 the elementwise kernels took 77% of the
 GPU time of gpu_check's transformer step in mixed precision (122 of 159 ms).  Here each
 forward or backward pass reads its inputs once and writes its result once, and inside the
@@ -23,7 +24,10 @@ like the reference but in another order: any two orders of a float32 sum of n te
 within 2 (n - 1) * 2^-24 of the sum of the terms' magnitudes, so softmax's outputs are within
 that (relative) plus an ulp of the reference's, its backward pass's row sums of g * y within
 that of the sum of |g * y|, and layer norm's means, variances and outputs within what those
-sums' differences carry through (the test states the bounds).
+sums' differences carry through (the test states the bounds).  Cross-entropy's log-probabilities are
+(x - m) - log(sum), that sum re-ordered as softmax's; its backward pass, (exp(lp) - onehot) * g,
+gives the reference's bits on the GPU, except where a product is a float32 subnormal: CuPy's
+own kernels flush those to 0, these keep them, as NumPy does.
 tests/engine_room/test_fused_ops_cuda.py checks each statement on a GPU.
 """
 
@@ -74,12 +78,11 @@ r = (T)f32_mul((float)g, d);
 )
 
 
-# the mean over the reduced axis, as CuPy's own mean computes it: the float32 sum divided by the count
-_MEAN = "m = a / (float)(_in_ind.size() / _out_ind.size())"
-_MEAN_V = _MEAN.replace("m =", "v =")
+# A row's mean is its float32 sum divided by the count, as CuPy's own mean computes it; the division
+# happens in the kernel that reads the sum (a reduction run through CUB cannot see the count).
 _LAYER_NORM_BACKWARD = """
 float gh = f32_mul(g, w);
-dx = f32_mul(r, f32_sub(f32_sub(gh, mg), f32_mul(xhat, mgx)));
+dx = f32_mul(r, f32_sub(f32_sub(gh, f32_div(sg, d)), f32_mul(xhat, f32_div(sgx, d))));
 """
 
 
@@ -95,17 +98,23 @@ _SOURCES: dict[str, tuple[str, str, str, Any]] = {
     "softmax": ("map", "float32 x, float32 m, float32 s", "float32 y", "y = f32_div(expf(f32_sub(x, m)), s);"),
     "softmax_dot": ("reduce", "float32 g, float32 y", "float32 s", ("f32_mul(g, y)", "a + b", "s = a", "0")),
     "softmax_backward": ("map", "float32 g, float32 y, float32 s", "float32 r", "r = f32_mul(y, f32_sub(g, s));"),
-    "row_mean": ("reduce", "float32 x", "float32 m", ("x", "a + b", _MEAN, "0")),
-    "row_var": ("reduce", "float32 x, float32 m", "float32 v", ("f32_mul(f32_sub(x, m), f32_sub(x, m))", "a + b",
-                                                                 _MEAN_V, "0")),
-    "rstd": ("map", "float32 v, float32 eps", "float32 r", "r = f32_div(1.0f, f32_sqrt(f32_add(v, eps)));"),
+    "row_sum": ("reduce", "float32 x", "float32 s", ("x", "a + b", "s = a", "0")),
+    "divide": ("map", "float32 s, float32 d", "float32 m", "m = f32_div(s, d);"),
+    "row_squares": ("reduce", "float32 x, float32 m", "float32 s", ("f32_mul(f32_sub(x, m), f32_sub(x, m))", "a + b",
+                                                                     "s = a", "0")),
+    "rstd": ("map", "float32 s, float32 d, float32 eps", "float32 r",
+             "r = f32_div(1.0f, f32_sqrt(f32_add(f32_div(s, d), eps)));"),
     "layer_norm": ("map", "float32 x, float32 m, float32 r, float32 w, float32 b", "float32 xhat, float32 y",
                    "xhat = f32_mul(f32_sub(x, m), r); y = f32_add(f32_mul(xhat, w), b);"),
-    "layer_norm_mean_g": ("reduce", "float32 g, float32 w", "float32 m", ("f32_mul(g, w)", "a + b", _MEAN, "0")),
-    "layer_norm_mean_gx": ("reduce", "float32 g, float32 w, float32 xhat", "float32 m",
-                           ("f32_mul(f32_mul(g, w), xhat)", "a + b", _MEAN, "0")),
-    "layer_norm_backward": ("map", "float32 g, float32 w, float32 xhat, float32 r, float32 mg, float32 mgx",
+    "layer_norm_sum_g": ("reduce", "float32 g, float32 w", "float32 s", ("f32_mul(g, w)", "a + b", "s = a", "0")),
+    "layer_norm_sum_gx": ("reduce", "float32 g, float32 w, float32 xhat", "float32 s",
+                          ("f32_mul(f32_mul(g, w), xhat)", "a + b", "s = a", "0")),
+    "layer_norm_backward": ("map", "float32 g, float32 w, float32 xhat, float32 r, float32 sg, float32 sgx, float32 d",
                             "float32 dx", _LAYER_NORM_BACKWARD),
+    "log_softmax": ("map", "float32 x, float32 m, float32 s", "float32 lp", "lp = f32_sub(f32_sub(x, m), logf(s));"),
+    "pick": ("map", "L label, raw float32 lp, int32 c", "float32 p", "p = lp[i * c + label];"),
+    "cross_entropy_backward": ("map", "float32 lp, raw L labels, float32 scale, int32 c", "float32 grad",
+                               "grad = f32_mul(f32_sub(expf(lp), i % c == labels[i / c] ? 1.0f : 0.0f), scale);"),
 }  # fmt: skip
 
 
@@ -168,15 +177,15 @@ def softmax_backward(g: Any, out: Any, axis: int) -> Any:
 
 
 def layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
-    """LayerNorm's forward pass (ops/normalization.layer_norm_forward) in four kernels: the row means,
-    the row variances, 1/sqrt(var + eps), then xhat and the output together."""
+    """LayerNorm's forward pass (ops/normalization.layer_norm_forward) in five kernels: the row sums and
+    means, the sums of squares about them, 1/sqrt(var + eps), then xhat and the output together."""
     if weight is None or bias is None or not _floats(x, dtypes=(np.float32,)) or not _floats(weight, bias):
         return NotImplemented
     if weight.dtype != np.float32 or bias.dtype != np.float32:
         return NotImplemented
-    k = _kernels()
-    m = k["row_mean"](x, axis=-1, keepdims=True)
-    r = k["rstd"](k["row_var"](x, m, axis=-1, keepdims=True), np.float32(eps))
+    k, d = _kernels(), np.float32(x.shape[-1])
+    m = k["divide"](k["row_sum"](x, axis=-1, keepdims=True), d)
+    r = k["rstd"](k["row_squares"](x, m, axis=-1, keepdims=True), d, np.float32(eps))
     xhat, out = k["layer_norm"](x, m, r, weight, bias)
     return out, xhat, r
 
@@ -186,6 +195,32 @@ def layer_norm_backward(g: Any, xhat: Any, rstd: Any, weight: Any) -> Any:
     if weight is None or not _floats(g, xhat, dtypes=(np.float32,)) or not _floats(rstd, weight, dtypes=(np.float32,)):
         return NotImplemented
     k = _kernels()
-    mean_g = k["layer_norm_mean_g"](g, weight, axis=-1, keepdims=True)
-    mean_gx = k["layer_norm_mean_gx"](g, weight, xhat, axis=-1, keepdims=True)
-    return k["layer_norm_backward"](g, weight, xhat, rstd, mean_g, mean_gx)
+    sum_g = k["layer_norm_sum_g"](g, weight, axis=-1, keepdims=True)
+    sum_gx = k["layer_norm_sum_gx"](g, weight, xhat, axis=-1, keepdims=True)
+    return k["layer_norm_backward"](g, weight, xhat, rstd, sum_g, sum_gx, np.float32(g.shape[-1]))
+
+
+def cross_entropy(rows: Any, labels: Any, reduction: str) -> Any:
+    """Cross-entropy's forward pass (ops/losses.cross_entropy_forward) for "mean" and "sum": the row maxima,
+    the sums of exp, the log-probabilities in one kernel, the picked ones gathered in another, then the
+    reference's own sum and division."""
+    if reduction == "none" or not _floats(rows, dtypes=(np.float32,)) or not on_gpu(labels) or rows.ndim != 2:
+        return NotImplemented
+    k = _kernels()
+    m = rows.max(axis=1, keepdims=True)
+    log_probs = k["log_softmax"](rows, m, k["softmax_sum"](rows, m, axis=1, keepdims=True))
+    picked = k["pick"](labels, log_probs, np.int32(rows.shape[1]))
+    total = -picked.sum(dtype=np.float32)
+    if reduction == "mean":
+        total = total / rows.shape[0]
+    return total, log_probs
+
+
+def cross_entropy_backward(g: Any, log_probs: Any, labels: Any, reduction: str) -> Any:
+    """Cross-entropy's backward pass for "mean" and "sum" in one kernel: (exp(lp) - onehot(y)) * g (/ N)."""
+    if reduction == "none" or not _floats(log_probs, dtypes=(np.float32,)) or not on_gpu(g, labels):
+        return NotImplemented
+    if g.dtype != np.float32 or g.ndim != 0 or log_probs.ndim != 2:
+        return NotImplemented
+    scale = g / log_probs.shape[0] if reduction == "mean" else g
+    return _kernels()["cross_entropy_backward"](log_probs, labels, scale, np.int32(log_probs.shape[1]))

@@ -21,34 +21,46 @@ from tinyamp.tensor import Tensor
 REDUCTIONS = ("mean", "sum", "none")
 
 
+def cross_entropy_forward(rows: Any, labels: Any, reduction: str) -> tuple[Any, Any]:
+    """(losses, log-probabilities) of logits rows (N, C) against labels (N,); the losses summed for "sum"
+    and "mean" (in float32 at least, then divided by N for "mean"), one per row for "none"."""
+    xp = get_array_module(rows)
+    log_probs = stable_log_softmax(rows, axis=1)
+    picked = log_probs[xp.arange(rows.shape[0]), labels]
+    if reduction == "none":
+        return -picked, log_probs
+    total = -picked.sum(dtype=accumulation_dtype(picked.dtype))
+    if reduction == "mean":
+        total = total / rows.shape[0]  # N >= 1: cross_entropy refuses an empty batch
+    return xp.asarray(total, dtype=rows.dtype), log_probs
+
+
+def cross_entropy_backward(g: Any, log_probs: Any, labels: Any, reduction: str) -> Any:
+    """$(\\mathrm{softmax}(z) - \\mathrm{onehot}(y))$ times g (and divided by N for "mean"), for rows (N, C)."""
+    xp = get_array_module(g)
+    grad = xp.exp(log_probs)  # softmax
+    grad[xp.arange(grad.shape[0]), labels] -= 1
+    if reduction == "none":
+        grad *= g.reshape(-1, 1)
+    else:
+        grad *= g / grad.shape[0] if reduction == "mean" else g
+    return grad
+
+
 class CrossEntropy(Function):
     """Softmax cross-entropy of logits (..., C) against integer labels (...)."""
 
     def forward(self, logits: Any, labels: Any, reduction: str) -> Any:
-        xp = get_array_module(logits)
-        rows = logits.reshape(-1, logits.shape[-1])
-        flat_labels = labels.reshape(-1)
-        log_probs = stable_log_softmax(rows, axis=1)
-        picked = log_probs[xp.arange(rows.shape[0]), flat_labels]
+        rows, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        losses, log_probs = kernels.call("cross_entropy", cross_entropy_forward, rows, flat_labels, reduction)
         self.save_for_backward(log_probs, flat_labels)
         self.meta = (logits.shape, reduction)
-        if reduction == "none":
-            return (-picked).reshape(labels.shape)
-        total = -picked.sum(dtype=accumulation_dtype(picked.dtype))
-        if reduction == "mean":
-            total = total / rows.shape[0]  # N >= 1: cross_entropy refuses an empty batch
-        return xp.asarray(total, dtype=logits.dtype)
+        return losses.reshape(labels.shape) if reduction == "none" else losses
 
     def backward(self, g: Any) -> tuple[Any, None]:
         log_probs, labels = self.saved
         shape, reduction = self.meta
-        xp = get_array_module(g)
-        grad = xp.exp(log_probs)  # softmax
-        grad[xp.arange(grad.shape[0]), labels] -= 1
-        if reduction == "none":
-            grad *= g.reshape(-1, 1)
-        else:
-            grad *= g / grad.shape[0] if reduction == "mean" else g
+        grad = kernels.call("cross_entropy_backward", cross_entropy_backward, g, log_probs, labels, reduction)
         return kernels.cast(grad.reshape(shape), log_probs.dtype), None
 
 

@@ -18,7 +18,7 @@ from tinyamp import cuda, kernels
 
 _KERNEL_BASED = ("product", "multiply_", "sum_of_squares", "step_on_device", "relu", "relu_backward", "gelu",
                  "gelu_backward", "softmax", "softmax_backward", "layer_norm", "layer_norm_backward",
-                 "sum_rows")  # fmt: skip
+                 "sum_rows", "cross_entropy", "cross_entropy_backward")  # fmt: skip
 for _name in _KERNEL_BASED:
     kernels.unregister(_name, cuda.IMPLEMENTATIONS[_name])
 
