@@ -227,8 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -k cuda")
     parser.add_argument("--size", type=int, default=None, help="matmul size n (n x n @ n x n); default 8192")
+    parser.add_argument("--only", default=None, metavar="NAMES",
+                        help="comma-separated sections to run after env (e.g. transformer,kernels)")  # fmt: skip
     parser.add_argument("--time-limit", type=float, default=420.0, help="seconds before the watchdog ends the run")
     args = parser.parse_args(argv)
+    names = [name for name, _, _ in SECTIONS]
+    only = None if args.only is None else {"env", *(n.strip() for n in args.only.split(",") if n.strip())}
+    if only is not None and not only <= set(names):
+        unknown = ", ".join(sorted(only - set(names)))
+        parser.error(f"--only: no section called {unknown}; the sections are {', '.join(names)}")
 
     if not args.dry_run:
         why = no_gpu_message()
@@ -256,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.dump_traceback_later(args.time_limit + 15, exit=True)  # the backstop if the watchdog cannot run
     try:
         for name, fn, limit_s in SECTIONS:
-            run.section(name, fn, limit_s)
+            if only is None or name in only:
+                run.section(name, fn, limit_s)
     finally:
         watchdog.cancel()
         faulthandler.cancel_dump_traceback_later()

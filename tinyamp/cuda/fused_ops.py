@@ -192,7 +192,9 @@ def layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
 
 def layer_norm_backward(g: Any, xhat: Any, rstd: Any, weight: Any) -> Any:
     """LayerNorm's backward pass for x (ops/normalization.layer_norm_backward) in three kernels."""
-    if weight is None or not _floats(g, xhat, dtypes=(np.float32,)) or not _floats(rstd, weight, dtypes=(np.float32,)):
+    if weight is None or not _floats(g, xhat, dtypes=(np.float32,)) or not on_gpu(rstd, weight):
+        return NotImplemented
+    if rstd.dtype != np.float32 or weight.dtype != np.float32:  # rstd (rows, 1) and weight (D,) broadcast
         return NotImplemented
     k = _kernels()
     sum_g = k["layer_norm_sum_g"](g, weight, axis=-1, keepdims=True)
