@@ -66,6 +66,21 @@ def checked_input(name: str, x: Any) -> np.ndarray:
     return x
 
 
+def check_product(a_shape: tuple, b_shape: tuple, bits: Any, promote_every: Any, rounding: Any) -> None:
+    """Refuse an FP8 product whose shapes or accumulator settings ``fp8_matmul`` does not define."""
+    if len(a_shape) != 2 or len(b_shape) != 2 or a_shape[1] != b_shape[0]:
+        raise ValueError(f"fp8_matmul multiplies (M, K) by (K, N); got {a_shape} and {b_shape}: reshape to 2-D "
+                         "with matching inner sizes")  # fmt: skip
+    if bits is not None and (not _whole(bits) or not 1 <= bits <= 24):
+        raise ValueError(f"accumulator_bits={bits!r}: use a whole number from 1 to 24 (float32 keeps 24), or None "
+                         "for float32 sums")  # fmt: skip
+    if promote_every is not None and (not _whole(promote_every) or promote_every < 1):
+        raise ValueError(f"promote_every={promote_every!r}: use a whole number of products >= 1 (DeepSeek-V3 used "
+                         "128), or None to promote only at the end")  # fmt: skip
+    if rounding not in ("toward_zero", "nearest"):
+        raise ValueError(f"unknown rounding {rounding!r} for the accumulator; use 'toward_zero' or 'nearest'")
+
+
 def _float32_values(name: str, values: Any, allow: str) -> list[float]:
     """`values` as Python floats, refused unless each is a float32 value that `allow` accepts."""
     out = []
