@@ -70,6 +70,7 @@ class Minifloat:
             inf = top_exponent & (magnitude & (2**self.mantissa_bits - 1) == 0)
             out[top_exponent & ~inf] = np.copysign(np.float32(np.nan), out[top_exponent & ~inf])
             out[inf] = np.copysign(np.float32(np.inf), out[inf])
+        out.flags.writeable = False  # shared by every decode
         return out
 
     @cached_property
@@ -112,13 +113,15 @@ def encode(x: np.ndarray, fmt: str | Minifloat) -> np.ndarray:
     if x.dtype not in (np.float16, np.float32):  # float64 -> float32 -> fmt would round twice
         raise TypeError(f"encode takes float16 or float32 values, not {x.dtype}: round to float32 first on purpose")
     shape, x = x.shape, x.astype(np.float32).reshape(-1)  # float16 widens exactly
-    m, bias = f.mantissa_bits, f.bias
+    m = f.mantissa_bits
+    floor = 127 + 23 + (1 - f.bias - m)  # float32 exponent field of the smallest P, 2^(1-bias-m+23)
     bits = x.view(np.uint32)
     # Saturation: as bits, positive floats order as their values (inf, then NaN, above the max).
     magnitude = np.minimum(bits & SIGN_AND_MAGNITUDE, np.float32(f.max).view(np.uint32))  # NaN lanes: fixed below
-    power = np.maximum((magnitude & EXPONENT_FIELD) + ((23 - m) << 23), (151 - bias - m) << 23)  # P, as bits
+    power = np.maximum((magnitude & EXPONENT_FIELD) + ((23 - m) << 23), floor << 23)  # P, as bits
     total = (magnitude.view(np.float32) + power.view(np.float32)).view(np.uint32)  # the rounding
-    code = (total >> (23 - m)) + (total & ((1 << (23 - m)) - 1)) - ((151 - m - bias) << m)
+    # The sum's exponent field, shifted onto the format's, minus the smallest P's: 0 below the normals.
+    code = (total >> (23 - m)) + (total & ((1 << (23 - m)) - 1)) - (floor << m)
     code |= (bits >> 31) << (f.bits - 1)  # the sign
     nan = np.isnan(x)
     if nan.any():
