@@ -1,4 +1,4 @@
-"""Per-tensor scaling: the loss scale's descendant, one scale for every tensor cast to FP8.
+"""Per-tensor scaling: the loss scale's descendant, a scale of its own for every tensor cast to FP8.
 
 E4M3 spans 2^-9 to 448 and E5M2 2^-16 to 57344, far narrower than a network's values, so each
 tensor is multiplied by its own scale before the cast and the product's result divided by it
@@ -27,9 +27,9 @@ E5M2, with its wider range, for gradients.
 Which of Transformer Engine's behaviours this follows: the rule of its per-tensor kernel
 (``common/recipe/delayed_scaling.cu``): ``FP8_MAX * 2^-margin`` rounded to float32, then one
 float32 division; an amax of 0, inf or NaN keeps the previous scale; an infinite scale becomes
-float32's max; every step's amax enters the history, zero included (TE's bulk kernel, in the
-same file, instead neither rolls the history nor updates the scale for a step amax of 0;
-under ``"max"`` a 0 never changes the reduced amax).  A step whose amax is NaN holds the
+float32's max; every step's amax enters the history, zero included, and pushes the oldest
+entry out (TE's bulk kernel, in the same file, instead neither rolls the history nor updates
+the scale for a step amax of 0).  A step whose amax is NaN holds the
 scale and leaves the history as it was (TE writes the NaN, which its ``"max"``, an ``fmaxf``,
 skips): the step is reported, and a history holding a NaN is refused on loading.  A
 non-finite input value is cast to NaN, counted and reported with its tensor and step, never
@@ -140,9 +140,9 @@ class TensorScaling:
         flushed = int(np.count_nonzero(finite & (x != 0) & ((bits & 0x7F) == 0)))
         if not np.isnan(amax):
             self.amax_history = np.append(self.amax_history[1:], np.float32(amax))  # the window rolls
-        if self.recipe.recipe == "delayed":
-            latest = self.amax_history.max() if self.recipe.amax_compute_algo == "max" else self.amax_history[-1]
-            reduced = amax if np.isnan(amax) else float(latest)  # a NaN step holds the scale
+        if self.recipe.recipe == "delayed":  # the next cast's scale, from the history
+            window = self.amax_history if self.recipe.amax_compute_algo == "max" else self.amax_history[-1:]
+            reduced = amax if np.isnan(amax) else float(window.max())  # a NaN step holds the scale
             self.scale, event = next_scale(reduced, self.scale, fmt.max, margin)
         else:
             self.scale = scale
