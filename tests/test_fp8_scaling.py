@@ -20,7 +20,7 @@ from strategies import amax_values, scaling_recipe_settings
 
 from tinyamp.fp8.formats import E4M3, E5M2, decode, encode
 from tinyamp.fp8.scales import Fp8Scales
-from tinyamp.fp8.scaling import FLOAT32_MAX, Fp8Tensor, ScalingRecipe, TensorScaling, next_scale
+from tinyamp.fp8.scaling import FLOAT32_MAX, STATES, Fp8Tensor, ScalingRecipe, TensorScaling, next_scale
 
 pytestmark = pytest.mark.fp8
 
@@ -179,7 +179,9 @@ def test_load_of_state_dict_continues_bit_for_bit(settings: dict, before: int, a
 
 def test_the_state_is_named_and_printable() -> None:
     scales = Fp8Scales(ScalingRecipe(amax_history_len=2))
+    assert str(scales) == "no tensor cast to FP8 yet"
     scales.quantize("fc1.weight", np.float32([3.0, -1.0]))
+    assert TensorScaling("w", E4M3, ScalingRecipe()).state == "initial" and scales.tensors["fc1.weight"].state in STATES
     state = scales.state_dict()["tensors"]["fc1.weight"]
     assert state["scale"] == np.float32(448 / 3) and state["amax_history"] == [0.0, 3.0]
     assert state["history"][0]["saturated"] == 0 and state["pass"] == "forward" and state["format"] == "E4M3"
