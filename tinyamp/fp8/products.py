@@ -3,10 +3,10 @@ narrower accumulator does to a long sum, with the promotion to FP32 that repairs
 
 An E4M3 value has at most 4 significant bits and an E5M2 value 3, so the product of two has at
 most 8: exact in float32, whose significand has 24, and inside its normal range (from
-2^-16 * 2^-16 = 2^-32 up to 57344^2, about 3.3e9).  Decoding is exact too, so the only
-roundings of ``fp8_matmul`` are the float32 additions, as in the FP16 Tensor Core contract,
-and the scaling back: times float32(1 / scale) of each input, the ``scale_inv`` values
-Transformer Engine hands the GEMM (exact when the scales are powers of two).
+2^-16 * 2^-16 = 2^-32 up to 57344^2, about 3.3e9).  Decoding is exact too, so with float32
+sums (the default) the only roundings are the additions, as in the FP16 Tensor Core
+contract, and the scaling back: times float32(1 / scale) of each input, the ``scale_inv`` values
+Transformer Engine hands the GEMM (exact for powers of two, short of overflow and underflow).
 
 **Limited accumulation.**  DeepSeek-V3 (2024, section 3.3) reports that Hopper's FP8 Tensor
 Cores keep about 14 bits while accumulating, and promotes each partial sum to FP32 every 128
