@@ -227,6 +227,8 @@ def test_a_damaged_state_is_refused_and_changes_nothing() -> None:
         with pytest.raises(ValueError, match=words):
             scales.load_state_dict(bad)
         assert scales.state_dict() == good
+    with pytest.raises(ValueError, match="saved state of tensor 'w' is a list"):
+        scales.load_state_dict({**good, "tensors": {"w": [1.0]}})
     with pytest.raises(ValueError, match="saved recipe"):
         Fp8Scales(ScalingRecipe(amax_history_len=3)).load_state_dict(good)
     with pytest.raises(TypeError, match="float64"):

@@ -46,6 +46,8 @@ class Fp8Scales:
                              "with ScalingRecipe(**saved['recipe']) to continue that run")  # fmt: skip
         tensors, passes = {}, {}
         for name, saved in state["tensors"].items():
+            if not isinstance(saved, dict):
+                raise ValueError(f"saved state of tensor {name!r} is a {type(saved).__name__}, not a state_dict()")
             saved = dict(saved)
             passes[name] = scaling_checks.checked_pass(saved.pop("pass", None))
             tensors[name] = TensorScaling(name, self.recipe.format_for(passes[name]), self.recipe)
