@@ -87,8 +87,8 @@ def _float32_values(name: str, values: Any, allow: str) -> list[float]:
     for v in values if isinstance(values, list) else [values]:
         if not isinstance(v, numbers.Real) or isinstance(v, bool) or math.isnan(v) or v < 0 or \
                 (allow == "positive finite" and not (0 < v < math.inf)) or float(np.float32(v)) != v:  # fmt: skip
-            raise ValueError(f"saved {name} holds {v!r}; it must be {allow} float32 values (a NaN or a damaged "
-                             "file is refused): save the state again from a healthy run")  # fmt: skip
+            raise ValueError(f"saved {name} holds {v!r}, and only {allow} float32 values load (a NaN means a "
+                             "damaged state): save the state again from a healthy run")  # fmt: skip
         out.append(float(v))
     return out
 
