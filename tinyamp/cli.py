@@ -108,6 +108,10 @@ def info() -> int:
         )
     print("\nFloating-point formats (tinyamp.amp.formats.format_table())")
     print(formats.format_table())
+    from tinyamp.fp8 import tables as fp8_tables
+
+    print("\nFP8 and FP4 beside FP16, cast with saturation (tinyamp.fp8.tables.limits_table())")
+    print(fp8_tables.limits_table())
     print("\nautocast op policy (tinyamp.amp.format_policy())")
     print(format_policy())
     print("\nLoss-scaler presets (tinyamp.amp.presets_table())")
