@@ -30,6 +30,9 @@ NEEDS_FUSED_KERNELS = (
     "test_fused_relu_",
     "test_fused_gelu_",
     "test_fused_softmax_",
+    "test_fused_layer_norm_",
+    "test_fused_cross_entropy_",
+    "test_sum_rows_as_",
 )
 
 
