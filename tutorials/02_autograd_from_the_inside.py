@@ -360,7 +360,7 @@ for name, (h_best, e_best) in best.items():
 assert best["float64"][1] < 1e-9 and 1e-8 < best["float64"][0] < 1e-3
 assert best["float32"][1] > 100 * best["float64"][1]  # float32 cannot get close
 assert best["float32"][0] > 10 * best["float64"][0]  # and needs a much larger step
-assert at_gradcheck_h["float32"] > 1e-3 > 1e3 * at_gradcheck_h["float64"]
+assert at_gradcheck_h["float32"] > 1e-2 and 9.5 < np.log10(at_gradcheck_h["float32"] / at_gradcheck_h["float64"]) < 10.5
 assert errors["float32"][0] > 0.5  # h far below the ulp of 0.5: x + h == x, the estimate is 0
 
 fig, ax = plt.subplots(figsize=(7, 4.2))
