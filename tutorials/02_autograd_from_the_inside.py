@@ -67,7 +67,8 @@ print("L.creator =", L.creator)
 # the arrays its backward will need. An input that is a leaf is kept as the tensor itself
 # (its `.grad` will be filled in); an input that was computed is kept as an `Edge`: the node
 # that made it, its shape and dtype, but not its array. So saved arrays are all a graph costs
-# in memory, and in mixed precision they are the activations that FP16 halves (tutorial 7).
+# in memory, and in mixed precision they are the activations that FP16 shrinks (by half for an
+# MLP, by a third for a small transformer: tutorial 7).
 #
 # The backward pass visits the nodes in *topological order*: a node comes before every node
 # that produced one of its inputs. Then, when a node's turn comes, all the gradient flowing
