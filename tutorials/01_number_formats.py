@@ -256,7 +256,10 @@ for x in (1e-8, 1e-20, 1e-38, 1e-42):
         f"fp32 {formats.classify(x, 'float32')}"
     )
 assert formats.classify(1e-20, "float16") == "underflow" and formats.classify(1e-20, "bfloat16") == "normal"
-assert BF16.min_normal == FP32.min_normal == 2.0**-126  # the same normal range ...
+# the same smallest normal value: 2^-126 is normal in both, the next value below it subnormal in both ...
+below_normal = float(np.nextafter(np.float32(2.0**-126), np.float32(0)))
+assert formats.classify(2.0**-126, "bfloat16") == formats.classify(2.0**-126, "float32") == "normal"
+assert formats.classify(2.0**-126 - 2.0**-133, "bfloat16") == formats.classify(below_normal, "float32") == "subnormal"
 assert BF16.min_subnormal == 2.0**-133 and FP32.min_subnormal == 2.0**-149  # ... not the same underflow
 assert formats.classify(1e-42, "bfloat16") == "underflow" and formats.classify(1e-42, "float32") == "subnormal"
 inf_from = np.float32(2.0**128 - 2.0**119)  # the midpoint between BF16's largest value and 2^128
@@ -315,7 +318,10 @@ assert formats.update_is_lost(2048.0, 1.0) and not formats.update_is_lost(2048.0
 assert formats.update_is_lost(2048.0, 0.6) and not formats.update_is_lost(2048.0, -0.6)
 assert np.float16(2048) - np.float16(0.6) == 2047 and formats.round_to(2048 - 0.5) == 2048  # 2047.5: a tie, to even
 assert formats.update_is_lost(1.0, 2**-11) and not formats.update_is_lost(1.0, 2**-10)
-assert np.float32(2**24) + np.float32(1) == 2**24  # FP32 has the same wall, 8192 times further out
+# FP32 has the same wall, 8192 times further out: where its ulp becomes 2, at 2^(mantissa bits + 1)
+wall16, wall32 = (2.0 ** (f.mantissa_bits + 1) for f in (FP16, FP32))
+assert formats.ulp(wall16) == formats.ulp(wall32, "float32") == 2 and wall32 / wall16 == 8192
+assert np.float32(wall32) + np.float32(1) == wall32 and np.float32(wall32 - 1) + np.float32(1) == wall32
 assert not formats.update_is_lost(1.0, 2**-11, "float32")
 print(f"fp16: 2048 + 1 = {np.float16(2048) + np.float16(1)},  2048 - 0.6 = {np.float16(2048) - np.float16(0.6)}")
 print(

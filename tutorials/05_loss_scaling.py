@@ -538,9 +538,19 @@ grown = chainer[2501:21999]
 assert not np.all(np.log2(grown) == np.round(np.log2(grown)))  # per-step growth leaves the powers of two
 
 # %%
+# Keras and jmp, and PyTorch and Apex, share their curves for most of the run (asserted below):
+# the second of each pair is drawn thinner on top, with markers, so that both stay visible.
 fig, ax = plt.subplots(figsize=(7, 4))
-for (name, tr), style in zip(trajectories.items(), ["-", "--", "-.", ":", "-"]):
-    ax.step(np.arange(N_STEPS), np.log2(tr), where="post", label=name, lw=1.6, ls=style)
+looks = {
+    "pytorch": {"lw": 3.0, "alpha": 0.6},
+    "apex": {"lw": 1.2, "ls": "--", "marker": "s", "ms": 4, "markevery": (1000, 2000)},
+    "keras": {"lw": 3.0, "alpha": 0.6},
+    "jmp": {"lw": 1.2, "ls": ":", "marker": "o", "ms": 4, "markevery": (0, 2000)},
+    "chainer": {"lw": 1.6},
+}
+for name, tr in trajectories.items():
+    label = {"apex": "apex (on pytorch's line to 2^24)", "jmp": "jmp (on keras's line to step 22000)"}.get(name, name)
+    ax.step(np.arange(N_STEPS), np.log2(tr), where="post", label=label, **looks[name])
 ax.plot(np.flatnonzero(overflow), np.full(int(overflow.sum()), -8.0), "r|", ms=8, label="overflow event")
 ax.set_xlabel("step")
 ax.set_ylabel("log2 S")
