@@ -19,7 +19,8 @@
 # You will learn:
 #
 # - why an FP16 sum of N gradients overflows where their mean cannot, and what pre-dividing costs;
-# - why every rank must take *one* overflow decision, and what happens when they do not;
+# - why ranks that check different shards of the gradient must take *one* overflow decision,
+#   and what happens when they do not;
 # - what ZeRO stage 1 saves (2 + 2 + 12/N bytes per parameter) and why it changes no bit;
 # - that two ranks with half a batch each are, bit for bit, one process accumulating two halves.
 #
@@ -94,9 +95,9 @@ def run(ranks: int, *flags: str, expect: int = 0) -> list[dict]:
 # causes: it doubles after every run of clean steps and halves at an overflow, so it climbs until
 # the largest scaled gradients come near FP16's largest value, 65504, and hovers there (a
 # ceiling, where a rule has one, stops it earlier: Apex's $2^{24}$; PyTorch's stops only short of
-# float32's inf, tutorial 5). The mean of N
-# values below 65504 is below 65504, but their *sum* need not be: two gradients of 40000 sum to
-# 80000, which is inf in FP16. Three ways to compute the mean (`tinyamp/distributed/allreduce.py`):
+# float32's inf, tutorial 5). The mean of N values below 65504 is below 65504, but their *sum*
+# need not be: two gradients of 40000 sum to 80000, which is inf in FP16. Three ways to compute
+# the mean (`tinyamp/distributed/allreduce.py`):
 #
 # - `float32`: widen each FP16 gradient (exact), sum in FP32, divide by N;
 # - `float16`: sum in FP16, divide by N afterwards;
@@ -106,10 +107,11 @@ def run(ranks: int, *flags: str, expect: int = 0) -> list[dict]:
 #   f = N is this scheme. PyTorch's `DistributedDataParallel` has no such parameter; its
 #   `fp16_compress_hook` casts each gradient to FP16 and divides it by N before the all-reduce,
 #   which is this scheme too (`torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`).
-#   Dividing first keeps each quotient below 65504/N, but two things remain. Rounded quotients can
-#   still sum past 65504 (below, for N = 3). And a quotient $|g|/N$ below $2^{-25}$, half of
-#   FP16's smallest subnormal, rounds to 0; $2^{-25}$ itself is a tie that goes to the even
-#   neighbour, 0; just above it, the quotient rounds up to $2^{-24}$ (tutorial 1, section 4).
+#   Dividing first keeps each quotient at most $\mathrm{fp16}(65504/N)$, about 65504/N, but two
+#   things remain. Rounded quotients can still sum past 65504 (below, for N = 3). And a quotient
+#   $|g|/N$ below $2^{-25}$, half of FP16's smallest subnormal, rounds to 0; $2^{-25}$ itself is
+#   a tie that goes to the even neighbour, 0; just above it, the quotient rounds up to $2^{-24}$
+#   (tutorial 1, section 4).
 #
 # We measure the three on synthetic gradients of one scaled step: a shared mean per element
 # (what the ranks agree on) with 25% of rank-to-rank noise, magnitudes spread from $2^{-24}$ to
@@ -246,12 +248,15 @@ r0, r1 = split
 assert r1["skipped"][2] and not r0["skipped"][2]  # rank 1 skipped alone...
 assert r0["fingerprints"][2]["weights"] != r1["fingerprints"][2]["weights"]  # ...and the replicas parted
 assert not r0["finite"] and r1["finite"]  # rank 0 stepped with rank 1's inf
+assert all(a == 2 * b for a, b in zip(r0["scales"][2:], r1["scales"][2:]))  # the scales parted, by a factor 2
 
 # %% [markdown]
 # Without the agreement, rank 0 found its own shard clean and stepped, with the whole gradient,
 # rank 1's inf included: its weights are no longer finite (the run exits with status 3, diverged),
-# while rank 1's never changed. Their loss scales part too and never meet again. Nothing in rank
-# 0's own check could have told it. The agreement costs one 4-byte all-reduce per step.
+# while rank 1's stopped changing (it skips every step from 2 on). Their loss scales part too:
+# from step 2 on, rank 0's is twice rank 1's, since both now back off at every step (rank 0's
+# non-finite weights make every later gradient overflow, on both ranks). Nothing in rank 0's own
+# check could have told it. The agreement costs one 4-byte all-reduce per step.
 #
 # ## 4. ZeRO stage 1: the masters and moments, sharded
 #
@@ -356,7 +361,8 @@ shutil.rmtree(WORK, ignore_errors=True)
 #   overflow decision: all-reduce found_inf (MAX) before the skip. Without it, one rank skips,
 #   another steps with the inf, and the replicas part for good.
 # - ZeRO-1 shards the 12 bytes of FP32 state per parameter across ranks, $2 + 2 + 12/N$ bytes
-#   each, and changes no bit of the result.
+#   each in ZeRO's accounting of model states (the process holds far more), and changes no bit
+#   of the result.
 # - Data parallelism over N ranks is gradient accumulation over N micro-batches, bit for bit,
 #   when the sum has the same order and dtype.
 #

@@ -161,7 +161,7 @@ def update_is_lost(weight: float, update: float, fmt: str = "float16") -> bool:
     than the update, always lost once it is 4096 or more times larger).  The two agree for
     every float16 update; otherwise the float32 rounding can land the sum on a tie, and a
     lost update can exceed half the gap by up to half a float32 ulp of the sum
-    (``update_is_lost(1.0, 1 / 2047.9)`` is True).  "Always lost from 4096" holds for both.
+    (``update_is_lost(1.0, 1 / 2047.9)`` is True).  Always lost from 4096 holds for both.
     """
     with np.errstate(over="ignore", invalid="ignore"):  # a weight beyond fmt's range is inf, whose updates are lost
         w = np.asarray(weight, dtype=np.float64).astype(get_format(fmt).dtype)
