@@ -145,7 +145,7 @@ assert [e["flushed_to_zero"] for e in study["float16"]] == never
 fig, ax = plt.subplots(figsize=(7, 3.2))
 ax.plot(ranks, [100 * e for e in over16], "s-", color="C1", label="float16: overflowed")
 ax.plot(ranks, [100 * f for f in flushed], "^--", color="C2", label="float16-predivide: flushed to 0")
-ax.plot(ranks, never, "o:", color="C0", label="float32 and float16-predivide: overflowed (none)")
+ax.plot(ranks, never, "o:", color="C0", label="0: float32 and float16-predivide overflowed, float16 flushed")
 ax.set_xscale("log", base=2)
 ax.set_xlabel("ranks N")
 ax.set_ylabel("% of gradient elements")
