@@ -15,21 +15,13 @@ weight w and a nonzero update $\\Delta$, with round to nearest, ties to even:
 Micikevicius et al. (2018) sum this up as a weight 2048 times its update.  bfloat16,
 with 8 significant bits, loses updates from 256 (some) and 512 (all) times smaller.
 
-That rule is for the sum rounded once, from the exact $w + \\Delta$.  ``lost_updates``, the
-one definition tinyamp uses (``MasterWeights.history``, the demo's measure of naive FP16
-training, ``formats.update_is_lost``), computes what tinyamp's optimizers do instead: the
-sum in float32, then rounded to the weight's format, two roundings.  The two agree whenever
-the float32 sum is exact, and for every update that is itself a float16 value (float32's 24
-bits are at least 2 * 11 + 2, so that double rounding is innocuous: Figueroa 1995).  Otherwise
-the float32 rounding can move the sum by up to half a float32 ulp, onto an FP16 tie, which
-then goes to the even neighbour: $w = 1$ loses $\\Delta = 1/2047.9$, a little more than
-half an ulp (tutorial 4, section 1); or a sum just short of the tie from a weight with an
-odd last bit lands on it and moves the weight.  Every FP16 tie is a float32 value and
-rounding is monotone, so the float32 rounding can bring a sum onto a tie, never across one.
-Hence, with two roundings, the second bullet still holds (from at most $|w| / 4096$ away,
-float32's rounding reaches no tie but the one toward zero from a power of two, which rounds
-back to w), and the first becomes: a lost update is at most $|w| \\cdot 2^{-11}(1 + 2^{-12})$,
-half the gap plus half a float32 ulp of the sum.
+That rule rounds the exact $w + \\Delta$ once.  ``lost_updates``, the one definition tinyamp
+uses (``MasterWeights.history``, the demo, ``formats.update_is_lost``), rounds twice, as the
+optimizers do: the sum to float32, then to the weight's format.  For a float16 update that is
+the same (24 >= 2 * 11 + 2 bits: Figueroa 1995).  Otherwise float32's rounding, monotone, can
+bring a sum onto an FP16 tie (never across one), which then goes to the even neighbour: $w = 1$
+loses $\\Delta = 1/2047.9$ (tutorial 4).  So the second bullet holds for both; the first
+becomes: a lost update is at most $|w| \\cdot 2^{-11}(1 + 2^{-12})$.
 """
 
 from __future__ import annotations
