@@ -24,8 +24,8 @@
 # - what ZeRO stage 1 saves (2 + 2 + 12/N bytes per parameter) and why it changes no bit;
 # - that two ranks with half a batch each are, bit for bit, one process accumulating two halves.
 #
-# Time: about 40 seconds to run (33 s of CPU; each launch starts two Python processes, or four), 25 minutes
-# to read.
+# Time: about 40 seconds to run on a busy 2-core machine (33 s of CPU: each launch starts two or four
+# Python processes), 25 minutes to read.
 
 # %%
 import json
