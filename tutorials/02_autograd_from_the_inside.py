@@ -167,9 +167,11 @@ ax.set_title("The graph of L = sum(tanh(x * w + b)^2): forward left to right, ba
 fig.tight_layout()
 graph_path = OUT / "02_graph.png"
 fig.savefig(graph_path, dpi=110)
-# What the drawing claims: one box per node and per leaf (x, w, b) plus L, and forward runs left
-# to right, so every arrow, from an input to the node that reads it, points right.
-assert len([t for t in ax.texts if t.get_text()]) == len(order) + 3 + 1  # arrows are texts without text
+# What the drawing claims: one box per node and per leaf (x, w, b) plus L, each visible (no two
+# at one place), and forward runs left to right, so every arrow, from an input to the node that
+# reads it, points right.
+boxes = [tuple(t.get_position()) for t in ax.texts if t.get_text()]  # arrows are texts without text
+assert len(boxes) == len(order) + 3 + 1 and len(set(boxes)) == len(boxes)
 for fn, ins, _ in structure:
     for creator, name, _ in ins:
         assert (pos[name] if creator is None else pos[creator])[0] < pos[fn][0], (fn.name, name)
