@@ -184,7 +184,7 @@ assert np.array_equal(divide(tiny.copy(), 3), [0, 2**-24])  # 1/3 of 2^-24 is be
 assert formats.round_to(2.0**-25 * (1 + 2**-20)) == 2.0**-24  # just above the tie: up to 2^-24
 
 # %% [markdown]
-# FP32 does neither, at a price in bytes that depends on what is counted. Per parameter, the
+# An FP32 sum neither overflows nor flushes, at a price in bytes that depends on what is counted. Per parameter, the
 # reduce-scatter sends $(N-1)/N$ values in the reduction's dtype: 4 bytes against 2, twice. But
 # the step has a second half. Replicated, the all-gather sends the unscaled FP32 gradient
 # whatever the reduction (4 bytes), so the whole step sends 8 against 6, $4/3$; under ZeRO it
