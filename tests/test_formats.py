@@ -9,6 +9,7 @@ purpose: they are what a student looks up.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from tinyamp.amp.formats import (
     ulp,
     update_is_lost,
 )
+from tinyamp.amp.lost_updates import lost_updates
 
 try:
     import ml_dtypes
@@ -297,3 +299,42 @@ def test_format_table_prints_each_format_with_its_numbers() -> None:
     assert rows["float32"][1:4] == ["32", "8", "23"]
     if ml_dtypes is not None:
         assert rows["bfloat16"][1:4] == ["16", "8", "7"] and rows["bfloat16"][-1] == "(emulated)"
+
+
+# ---- two roundings: the optimizers' float32 sum, then float16 -------------------------------------
+def lost_rounded_once(w16: np.float16, u: float) -> bool:
+    """The rule for the exact sum w + u, rounded once: lost below half the gap, and at it when w is even."""
+    half_gap = Fraction(gap_toward(w16, u)) / 2
+    if abs(Fraction(u)) != half_gap:
+        return abs(Fraction(u)) < half_gap
+    return int(w16.view(np.uint16)) % 2 == 0
+
+
+@st.composite
+def weights_and_float32_updates_near_a_tie(draw: st.DrawFn) -> tuple[float, float]:
+    """A normal float16 weight and a float32 update within a few float32 ulps of half the gap it points into."""
+    bits = draw(st.integers(0x0400, 0x7BFF))  # every normal float16 magnitude
+    w = float(np.array(bits, np.uint16).view(np.float16)) * draw(st.sampled_from([1.0, -1.0]))
+    sign = draw(st.sampled_from([1.0, -1.0]))
+    half_gap = gap_toward(f16(w), sign) / 2
+    u = np.float32(sign * half_gap)
+    for _ in range(draw(st.integers(-8, 8)) % 17):  # move a few float32 ulps either way
+        u = np.nextafter(u, np.float32(draw(st.sampled_from([np.inf, -np.inf]))))
+    return w, float(u)
+
+
+@given(wu=weights_and_float32_updates_near_a_tie())
+@example(wu=(1.0, 1 / 2047.9))  # lands on the tie 1 + 2^-11 in float32, then goes to the even 1: lost
+def test_two_roundings_differ_from_one_only_on_a_tie_and_keep_the_bounds(wu: tuple[float, float]) -> None:
+    w, u = wu
+    w16, u32 = f16(w), np.float32(u)
+    twice = update_is_lost(w, u)
+    assert twice == lost_updates(np.array([w16]), u32)[0]  # the one definition
+    in_fp32 = np.float32(w16) + u32
+    on_a_tie = abs(Fraction(float(in_fp32)) - Fraction(float(w16))) == Fraction(gap_toward(w16, u)) / 2
+    if twice != lost_rounded_once(w16, float(u32)):
+        assert on_a_tie and Fraction(float(in_fp32)) != Fraction(float(w16)) + Fraction(float(u32))
+    if twice:  # half the gap plus half a float32 ulp of the sum, at most
+        assert abs(float(u32)) <= abs(w) * 2.0**-11 * (1 + 2.0**-12)
+    if abs(w) >= 4096 * abs(float(u32)):
+        assert twice

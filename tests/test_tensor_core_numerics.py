@@ -1,4 +1,4 @@
-"""Tensor Core numerics for 16-bit operands, and ReLU's exactness in 16 bits.
+"""tinyamp's model of Tensor Core numerics for 16-bit operands, and ReLU's exactness in 16 bits.
 
 The emulation rule: a product of two float16 values has at most 22 significant bits, so
 it is exact in float32; the products are summed in float32 and the sum is rounded to

@@ -1,8 +1,9 @@
 """The array kernels of mixed precision in reference form, and the one door to the engine room.
 
 Ops, optimizers and the loss scaler do the array work that needs more than NumPy's own
-operators here, and nowhere else: casts between float widths, the 16-bit add, ReLU, the
-Tensor Core product, scatter-adds, unscaling.  Each body is the reference, written to be read.
+operators here: casts between float widths, the 16-bit add, ReLU, the Tensor Core product,
+sums of rows, scatter-adds, unscaling.  Each body is the reference, written to be read (GELU,
+softmax, layer norm and cross-entropy keep theirs beside their ops, and come here by ``call``).
 
 The engine room gives the same bits faster, or on a GPU: ``tinyamp.fast`` and
 ``tinyamp.cuda`` ``register`` implementations under a kernel's name (``tinyamp/__init__.py``
@@ -60,8 +61,7 @@ def _faster(name: str, *args: Any) -> Any:
 
 
 def call(name: str, reference: Callable[..., Any], *args: Any) -> Any:
-    """The engine room's `name` where one applies to `args`, else `reference(*args)`: for kernels whose
-    reference is written beside its op (GELU, softmax) rather than here."""
+    """The engine room's `name` if one applies to `args`, else `reference(*args)`, a reference kept beside its op."""
     result = _faster(name, *args)
     return reference(*args) if result is NotImplemented else result
 
@@ -117,12 +117,12 @@ def relu_backward(g: Any, out: Any) -> Any:
 
 
 def product(a: Any, b: Any, out_dtype: Any, bias: Any = None) -> Any:
-    """``a @ b (+ bias)`` with Tensor Core numerics: FP16 x FP16 -> FP32 accumulate, rounded once.
+    """``a @ b (+ bias)`` in a model of Tensor Core numerics: FP16 x FP16 -> FP32 accumulate, rounded once.
 
     The product of two float16 values has at most 22 significant bits, so it is exact in
-    float32 (24): widen both operands, multiply and sum in float32 (one sgemm; NumPy's own
-    float16 matmul is a loop without BLAS), add the bias to the float32 sums as a GPU's GEMM
-    epilogue does, and round once to `out_dtype`.
+    float32 (24): widen both operands, multiply and sum in float32 (one sgemm, in its order; a
+    Tensor Core's adder trees order and truncate the sums differently), add the bias to the
+    float32 sums as a GPU's GEMM epilogue does, and round once to `out_dtype`.
     """
     result = _faster("product", a, b, out_dtype, bias)
     if result is NotImplemented:
@@ -168,12 +168,9 @@ def multiply_(g: Any, factor: float) -> Any:
 
 
 def step_on_device(optimizer: Any, inverse_scale: float) -> Any:
-    """A whole loss-scaler step done where the gradients are: unscale, check, update or skip.
+    """A whole loss-scaler step where the gradients are (cuda/scaler_step.py): unscale, check, update or skip.
 
-    No reference body: on the host, ``LossScaler.step`` itself unscales, checks, and steps or
-    skips.  On a GPU the update kernels read the overflow flag (cuda/scaler_step.py).
-    Returns ``({name: not finite}, [sum of squares per gradient])``, or NotImplemented.
-    """
+    No reference body: on the host ``LossScaler.step`` does it.  Returns ``({name: not finite}, [sums of squares])``."""
     return _faster("step_on_device", optimizer, inverse_scale)
 
 

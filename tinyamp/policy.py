@@ -5,7 +5,8 @@ The table is plain data (op name -> rule), printable and changeable:
 * ``"lower"``: inputs are cast to the autocast dtype (float16 or bfloat16) and the op
   runs there.  Matrix products: FP16 x FP16 products are exact in FP32 (11 + 11
   significant bits fit in FP32's 24), so they are accumulated in FP32 and rounded
-  once: Tensor Core numerics.
+  once: a model of Tensor Core numerics (exact products, FP32 sums in one order; the
+  hardware's adder trees order and truncate their sums differently, ``ops/matmul.py``).
 * ``"lower_fp32_out"``: the same products, but the FP32 accumulator is returned
   unrounded (for a final layer whose output feeds a loss).
 * ``"fp32"``: floating inputs are cast to float32, and the output is float32.  For ops

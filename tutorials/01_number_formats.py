@@ -96,9 +96,10 @@ for f in (FP16, BF16, FP32):
 # %% [markdown]
 # FP16 and BF16 both take 16 bits but spend them differently. FP16 (IEEE 754 binary16) keeps
 # 10 mantissa bits and only 5 exponent bits: good precision, a narrow range (up to 65504).
-# BF16 keeps FP32's 8 exponent bits and so FP32's range (up to $3.4 \times 10^{38}$), with only
-# 7 mantissa bits. Which of the two failures of 16-bit training you meet first, running out
-# of range or running out of precision, depends on which format you picked.
+# BF16 keeps FP32's 8 exponent bits and so nearly FP32's range (up to $3.39 \times 10^{38}$
+# against $3.40 \times 10^{38}$; section 4 gives the exact boundary), with only 7 mantissa
+# bits. Which of the two failures of 16-bit training you meet first, running out of range or
+# running out of precision, depends on which format you picked.
 
 # %% [markdown]
 # ## 2. The bits of a value
@@ -241,6 +242,12 @@ assert abs(formats.round_to(1e-3) - 1e-3) / 1e-3 < FP16.epsilon  # a normal valu
 # of $10^{-8}$ or $10^{-20}$ are ordinary normal numbers there. It does not have the same
 # underflow, though. With 7 mantissa bits instead of 23, its subnormals stop at $2^{-133}$,
 # where FP32's go on to $2^{-149}$: a value like $10^{-42}$ is an FP32 subnormal and a BF16 zero.
+# Nor is its top quite FP32's: BF16's largest value is $(2 - 2^{-7}) \cdot 2^{127} \approx
+# 3.3895 \times 10^{38}$, and an FP32 value rounds to inf in BF16 from the midpoint between that
+# and $2^{128}$ up, $(2 - 2^{-8}) \cdot 2^{127} = 2^{128} - 2^{119} \approx 3.3962 \times 10^{38}$
+# (the midpoint itself is a tie, and BF16's largest value has an odd last bit: it goes to the
+# even neighbour, $2^{128}$, which is inf). FP32 values up to its own largest,
+# $3.4028 \times 10^{38}$, lie beyond that boundary.
 
 # %%
 for x in (1e-8, 1e-20, 1e-38, 1e-42):
@@ -249,9 +256,18 @@ for x in (1e-8, 1e-20, 1e-38, 1e-42):
         f"fp32 {formats.classify(x, 'float32')}"
     )
 assert formats.classify(1e-20, "float16") == "underflow" and formats.classify(1e-20, "bfloat16") == "normal"
-assert BF16.min_normal == FP32.min_normal == 2.0**-126  # the same normal range ...
+# the same smallest normal value: 2^-126 is normal in both, the next value below it subnormal in both ...
+below_normal = float(np.nextafter(np.float32(2.0**-126), np.float32(0)))
+assert formats.classify(2.0**-126, "bfloat16") == formats.classify(2.0**-126, "float32") == "normal"
+assert formats.classify(2.0**-126 - 2.0**-133, "bfloat16") == formats.classify(below_normal, "float32") == "subnormal"
 assert BF16.min_subnormal == 2.0**-133 and FP32.min_subnormal == 2.0**-149  # ... not the same underflow
 assert formats.classify(1e-42, "bfloat16") == "underflow" and formats.classify(1e-42, "float32") == "subnormal"
+inf_from = np.float32(2.0**128 - 2.0**119)  # the midpoint between BF16's largest value and 2^128
+below = np.nextafter(inf_from, np.float32(0))  # the FP32 value just below it
+print(f"bf16: largest {BF16.max:.5g}; FP32 values from {float(inf_from):.5g} up round to inf")
+assert BF16.max == (2 - 2.0**-7) * 2.0**127 and float(inf_from) == (2 - 2.0**-8) * 2.0**127
+assert np.isinf(formats.round_to(inf_from, "bfloat16")) and formats.round_to(below, "bfloat16") == BF16.max
+assert int(inf_from) == 2**128 - 2**119 == 339617752923046005526922703901628039168 and FP32.max > inf_from
 
 # %% [markdown]
 # ## 5. The ulp, and the additions that are lost
@@ -302,7 +318,10 @@ assert formats.update_is_lost(2048.0, 1.0) and not formats.update_is_lost(2048.0
 assert formats.update_is_lost(2048.0, 0.6) and not formats.update_is_lost(2048.0, -0.6)
 assert np.float16(2048) - np.float16(0.6) == 2047 and formats.round_to(2048 - 0.5) == 2048  # 2047.5: a tie, to even
 assert formats.update_is_lost(1.0, 2**-11) and not formats.update_is_lost(1.0, 2**-10)
-assert np.float32(2**24) + np.float32(1) == 2**24  # FP32 has the same wall, 8192 times further out
+# FP32 has the same wall, 8192 times further out: where its ulp becomes 2, at 2^(mantissa bits + 1)
+wall16, wall32 = (2.0 ** (f.mantissa_bits + 1) for f in (FP16, FP32))
+assert formats.ulp(wall16) == formats.ulp(wall32, "float32") == 2 and wall32 / wall16 == 8192
+assert np.float32(wall32) + np.float32(1) == wall32 and np.float32(wall32 - 1) + np.float32(1) == wall32
 assert not formats.update_is_lost(1.0, 2**-11, "float32")
 print(f"fp16: 2048 + 1 = {np.float16(2048) + np.float16(1)},  2048 - 0.6 = {np.float16(2048) - np.float16(0.6)}")
 print(
@@ -646,9 +665,10 @@ else:
 #
 # - FP16: 5 exponent bits, 10 mantissa bits. Largest value 65504 (from 65520 up: inf), smallest
 #   normal $2^{-14}$, smallest subnormal $2^{-24}$ (at or below $2^{-25}$: zero), epsilon $2^{-10}$.
-# - BF16: FP32's range of normal numbers with 7 mantissa bits, epsilon $2^{-7}$: 8 times coarser
-#   than FP16. Its smallest subnormal is $2^{-133}$ against FP32's $2^{-149}$, so it keeps every
-#   normal FP32 magnitude but underflows a little sooner.
+# - BF16: FP32's exponent bits with 7 mantissa bits, epsilon $2^{-7}$: 8 times coarser than
+#   FP16. Its smallest normal is FP32's, $2^{-126}$, but its smallest subnormal is $2^{-133}$
+#   against FP32's $2^{-149}$, so it underflows a little sooner; and FP32 values from
+#   $2^{128} - 2^{119} \approx 3.3962 \times 10^{38}$ up round to inf.
 # - Rounding is to nearest, ties to even. An addend is lost when it is smaller than half the gap
 #   between the value it is added to and that value's neighbour in the addend's direction (half
 #   an ulp; toward zero from a normal power of two above $2^{-14}$, a quarter of one); one of

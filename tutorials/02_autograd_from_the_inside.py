@@ -67,7 +67,8 @@ print("L.creator =", L.creator)
 # the arrays its backward will need. An input that is a leaf is kept as the tensor itself
 # (its `.grad` will be filled in); an input that was computed is kept as an `Edge`: the node
 # that made it, its shape and dtype, but not its array. So saved arrays are all a graph costs
-# in memory, and in mixed precision they are the activations that FP16 halves (tutorial 7).
+# in memory, and in mixed precision they are the activations that FP16 shrinks (by half for an
+# MLP, by a third for a small transformer: tutorial 7).
 #
 # The backward pass visits the nodes in *topological order*: a node comes before every node
 # that produced one of its inputs. Then, when a node's turn comes, all the gradient flowing
@@ -166,9 +167,11 @@ ax.set_title("The graph of L = sum(tanh(x * w + b)^2): forward left to right, ba
 fig.tight_layout()
 graph_path = OUT / "02_graph.png"
 fig.savefig(graph_path, dpi=110)
-# What the drawing claims: one box per node and per leaf (x, w, b) plus L, and forward runs left
-# to right, so every arrow, from an input to the node that reads it, points right.
-assert len([t for t in ax.texts if t.get_text()]) == len(order) + 3 + 1  # arrows are texts without text
+# What the drawing claims: one box per node and per leaf (x, w, b) plus L, each visible (no two
+# at one place), and forward runs left to right, so every arrow, from an input to the node that
+# reads it, points right.
+boxes = [tuple(t.get_position()) for t in ax.texts if t.get_text()]  # arrows are texts without text
+assert len(boxes) == len(order) + 3 + 1 and len(set(boxes)) == len(boxes)
 for fn, ins, _ in structure:
     for creator, name, _ in ins:
         assert (pos[name] if creator is None else pos[creator])[0] < pos[fn][0], (fn.name, name)
@@ -360,7 +363,7 @@ for name, (h_best, e_best) in best.items():
 assert best["float64"][1] < 1e-9 and 1e-8 < best["float64"][0] < 1e-3
 assert best["float32"][1] > 100 * best["float64"][1]  # float32 cannot get close
 assert best["float32"][0] > 10 * best["float64"][0]  # and needs a much larger step
-assert at_gradcheck_h["float32"] > 1e-3 > 1e3 * at_gradcheck_h["float64"]
+assert at_gradcheck_h["float32"] > 1e-2 and 9.5 < np.log10(at_gradcheck_h["float32"] / at_gradcheck_h["float64"]) < 10.5
 assert errors["float32"][0] > 0.5  # h far below the ulp of 0.5: x + h == x, the estimate is 0
 
 fig, ax = plt.subplots(figsize=(7, 4.2))

@@ -379,12 +379,20 @@ assert all(abs(end[name] - end_predicted[name]) < 0.03 for name in end_predicted
 # %%
 nonzero = act32_end[act32_end != 0]
 log2_grad = np.log2(np.abs(nonzero))
+# Each value is coloured by what FP16 makes of it, not by the bin it falls in: the bin [-25, -24)
+# holds 2^-25 itself, which rounds to 0, and the values above it, which round up to 2^-24.
+in_fp16 = np.abs(formats.round_to(nonzero))
+fates = {
+    "0 in FP16 (at or below 2^-25)": in_fp16 == 0,
+    "FP16 subnormal": (in_fp16 > 0) & (in_fp16 < FP16.min_normal),
+    "FP16 normal": in_fp16 >= FP16.min_normal,
+}
 fig, ax = plt.subplots(figsize=(7.5, 4))
 bins = np.arange(np.floor(log2_grad.min()), 3)  # from the smallest value up: every value drawn
-ax.hist(log2_grad, bins=bins, color="#444444", edgecolor="white", lw=0.3)
-ax.axvspan(bins[0], -25, color="#d62728", alpha=0.15, zorder=0, label="0 in FP16 (at or below 2^-25)")
-ax.axvspan(-25, -14, color="#ff7f0e", alpha=0.15, zorder=0, label="FP16 subnormal (2^-25 to 2^-14)")
-ax.axvspan(-14, bins[-1], color="#2ca02c", alpha=0.12, zorder=0, label="FP16 normal")
+stacks = ax.hist([log2_grad[m] for m in fates.values()], bins=bins, stacked=True, label=list(fates),
+                 color=["#d62728", "#ff7f0e", "#2ca02c"], edgecolor="white", lw=0.3)  # fmt: skip
+for edge in (-25, -14):
+    ax.axvline(edge, color="grey", ls=":", lw=0.8)
 ax.set_xlabel("log2 |gradient| (FP32, at the output of each layer)")
 ax.set_ylabel("gradient values")
 ax.set_title("Activation gradients of the trained MLP, one batch of 32")
@@ -394,8 +402,9 @@ hist_path = OUT / "03_gradient_histogram.png"
 fig.savefig(hist_path, dpi=110)
 below = float(np.mean(np.abs(nonzero) <= 2.0**-25))
 print(f"{below:.1%} of the nonzero FP32 activation gradients are at or below 2^-25")
-counts, _ = np.histogram(log2_grad, bins=bins)
-assert counts.sum() == nonzero.size  # every value is drawn: none lies outside the bins
+assert sum(int(m.sum()) for m in fates.values()) == nonzero.size  # each value has one fate ...
+assert stacks[0][-1].sum() == nonzero.size  # ... and is drawn once: the top of the stack counts them all
+assert fates["0 in FP16 (at or below 2^-25)"].mean() == below  # red: exactly the values at or below 2^-25
 assert below > 0.2  # more than a fifth of the activation gradients lie in the red band
 
 # %% [markdown]

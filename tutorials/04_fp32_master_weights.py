@@ -106,6 +106,13 @@ for direction, sign in (("away from zero", 1), ("toward zero", -1)):
     assert not is_lost[:, ratios < 2048].any() and is_lost[:, ratios >= 4096].all()
     low, high = thresholds[direction].min(), thresholds[direction].max()
     print(f"updates {direction}: the threshold ratio w/|u| ranges from {low:.0f} to {high:.1f}")
+    # float64's rounding of w + u decides nothing: rounding is monotone, so it could change the
+    # FP16 result only by landing the sum exactly on a tie; every sum on a tie here is exact
+    w16 = weights.astype(np.float16)
+    half_gap = np.abs(np.nextafter(w16, np.float16(sign * np.inf)).astype(np.float64) - weights)[:, None] / 2
+    u = sign * weights[:, None] / ratios[None, :]
+    on_tie = np.abs((weights[:, None] + u) - weights[:, None]) == half_gap
+    assert np.all(((weights[:, None] + u) - weights[:, None])[on_tie] == u[on_tie])
 
 ones = weights == 1
 assert thresholds["away from zero"][ones] == 2048 and thresholds["toward zero"][ones] == 4096
@@ -142,22 +149,27 @@ print(
 )
 assert in_fp32 == 1 + 2.0**-11 and formats.update_is_lost(1.0, 1 / 2047.9) and not lost(1.0, 1 / 2047.9)
 
+# The two curves are equal except at the powers of two (asserted below), so one line draws both,
+# and the two points where the update toward zero differs are drawn apart, as markers: a dashed
+# line over the solid one would hide the one at w = 2 in the sawtooth's rise.
+powers = np.log2(weights) == np.round(np.log2(weights))
 fig, ax = plt.subplots(figsize=(7.5, 3.8))
-ax.plot(weights, thresholds["away from zero"], color="#1f77b4", lw=1.3, label="update away from zero")
-ax.plot(weights, thresholds["toward zero"], color="#ff7f0e", lw=1.0, ls="--", label="update toward zero")
+ax.plot(weights, thresholds["away from zero"], color="#1f77b4", lw=1.3,
+        label="update away from zero; toward zero too, except at 1 and 2")  # fmt: skip
+ax.plot(weights[powers], thresholds["toward zero"][powers], "o", color="#ff7f0e", ms=7,
+        label="update toward zero from a power of two")  # fmt: skip
 ax.axhspan(ratios[0], 2048, color="#2ca02c", alpha=0.12, label="always kept: w < 2048 |u|")
 ax.axhspan(4096, ratios[-1], color="#d62728", alpha=0.12, label="always lost: w >= 4096 |u|")
 ax.set_yscale("log", base=2)
 ax.set_xlabel("FP16 weight w")
 ax.set_ylabel("smallest ratio w/|u| at which u is lost")
-ax.set_title("When does fp16(w + u) == w?")
+ax.set_title("When does fp16(w + u) == w? (the sum rounded once)")
 ax.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
 rule_path = OUT / "04_lost_update_threshold.png"
 fig.savefig(rule_path, dpi=110)
 # What the figure shows: the two curves coincide except at the powers of two (1 and 2 here),
 # where the update toward zero needs 4096; and the binade [2, 4) repeats [1, 2) exactly.
-powers = np.log2(weights) == np.round(np.log2(weights))
 away, toward = thresholds["away from zero"], thresholds["toward zero"]
 assert np.array_equal(away[~powers], toward[~powers]) and np.all(toward[powers] == 4096) and powers.sum() == 2
 assert all(np.array_equal(t[:1024], t[1024:]) for t in (away, toward))
@@ -165,7 +177,7 @@ assert all(np.array_equal(t[:1024], t[1024:]) for t in (away, toward))
 # %% [markdown]
 # The two curves coincide except at the powers of two, where a step toward zero meets the
 # finer spacing of the binade below: there any update larger than $w/4096$ moves the weight
-# (the orange spikes at $w = 1$ and $w = 2$). Each binade repeats the same sawtooth: the rule
+# (the orange points at $w = 1$ and $w = 2$). Each binade repeats the same sawtooth: the rule
 # depends on the ratio $w/|u|$ and on where $w$ sits in its binade, not on the size of $w$.
 #
 # ## 2. Master weights on one weight
@@ -334,12 +346,16 @@ def step_loss() -> ta.Tensor:
         return task.loss(model, batch)
 
 
+arrays_before = [p.data for p in model.parameters()]
+values_before = [a.copy() for a in arrays_before]
 step = record_step(model, step_loss, opt, LossScaler())
 fig = draw_step_record(step)
 fig.savefig(OUT / "04_one_step.png", dpi=110)
 print(step.gradients, "->", step.unscaled)
 assert step.unscaled == {"float32": 2 * step.gradients["float16"]}  # each FP16 gradient widened: twice the bytes
-assert step.rounded == step.weights  # the FP16 weights are rewritten in place: same dtype, same bytes
+# the FP16 weights are rewritten in place: the same arrays, FP16 still, with new values
+assert all(p.data is a and a.dtype == np.float16 for p, a in zip(model.parameters(), arrays_before))
+assert step.changed > 0 and any(not np.array_equal(a, v) for a, v in zip(arrays_before, values_before))
 fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
 
 # %% [markdown]
@@ -438,7 +454,11 @@ ax_lost.legend(loc="upper left", fontsize=8)
 fig.tight_layout()
 curves_path = OUT / "04_master_weights_training.png"
 fig.savefig(curves_path, dpi=110)
-assert curves_path.exists()
+# What the figure shows, read off its lines: the FP16 curve ends above FP32's, the master curve
+# on it (the last smoothed values), and the lost share ends at 100%.
+ends = {line.get_label(): line.get_ydata()[-1] for line in ax_loss.get_lines()}
+assert ends["fp16"] > 1.1 * ends["fp32"] and abs(ends["fp16+master"] / ends["fp32"] - 1) < 0.05, ends
+assert ax_lost.get_lines()[0].get_ydata()[-1] == 100.0
 
 # %% [markdown]
 # The lower panel is the reason the blue dashed curve stays on the black one: from a third of

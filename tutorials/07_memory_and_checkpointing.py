@@ -4,14 +4,16 @@
 # Training memory has two parts. What is *held* between steps: weights, FP32 master copies,
 # optimizer moments, gradients. And what a forward pass *saves* for its backward: the
 # activations, which grow with the batch size and the depth and usually dominate. Mixed
-# precision halves the second part and, perhaps surprisingly, does not shrink the first: in the
+# precision shrinks the second part, by exactly half for an MLP whose every op runs in FP16 and
+# by less for a model with ops the policy keeps in FP32 (about a third less for the small
+# transformer measured below), and, perhaps surprisingly, does not shrink the first: in the
 # standard accounting it holds as many bytes per parameter as FP32. Gradient (activation)
 # checkpointing then trades compute for the rest of the activation memory.
 #
 # You will learn:
 #
 # - to list, byte by byte, what a graph keeps for backward (`tinyamp.inspect.saved_tensors`),
-#   and why an MLP under autocast keeps exactly half;
+#   why an MLP under autocast keeps exactly half, and why a transformer keeps more than half;
 # - to itemize the memory held by role and dtype (`training_memory`), the standard accounting
 #   (16 bytes per parameter with Adam, in FP32 and in mixed precision alike), and where
 #   tinyamp's CPU path holds more;
@@ -41,6 +43,7 @@ from threadpoolctl import threadpool_limits
 import tinyamp as ta
 from tinyamp import autograd, nn, optim
 from tinyamp.amp import LossScaler, MasterWeights, autocast
+from tinyamp.experiments.tasks import CharTransformer
 from tinyamp.inspect import format_training_memory, peak_memory, saved_tensors, training_memory
 from tinyamp.ops.matmul import Linear as LinearOp
 
@@ -105,6 +108,30 @@ extra32 = loss_report32.total_bytes - report32.total_bytes
 extra16 = loss_report16.total_bytes - report16.total_bytes
 print(f"the loss adds {extra32:,} bytes in FP32 and {extra16:,} bytes in mixed precision")
 assert extra32 == extra16 == BATCH * sizes[-1] * 4 + BATCH * 8  # FP32 log-probabilities + int64 labels
+
+# %% [markdown]
+# Exactly half holds for this MLP because every op in it runs in FP16. A model with ops that the
+# policy keeps in FP32 saves those ops' arrays at 4 bytes. The small character transformer of
+# `tinyamp demo --model transformer` (2 blocks, width 64, batch 32 of 32 characters): its layer
+# norms run in FP32 and keep their FP32 input and statistics, and its softmax runs in FP32 and
+# keeps its FP32 output; the linear after each layer norm keeps an FP16 copy of the layer norm's
+# output, made by autocast (a "cast" row).
+
+# %%
+task = CharTransformer(chars=20_000)
+gpt32, gpt16 = task.make_model(), task.make_model()  # the same weights (the same seed)
+gpt16.half()
+tokens, _ = next(task.batches())
+gpt_report32 = saved_tensors(gpt32(tokens))
+with autocast("float16"):
+    gpt_report16 = saved_tensors(gpt16(tokens))
+gpt_ratio = gpt_report16.total_bytes / gpt_report32.total_bytes
+in_fp32 = sorted({r.op for r in gpt_report16.rows if r.dtype == "float32"})
+print(f"transformer, saved bytes: FP32 {gpt_report32.total_bytes:,}, mixed {gpt_report16.total_bytes:,}, "
+      f"ratio {gpt_ratio:.3f}; FP32 rows under autocast from {in_fp32}")  # fmt: skip
+assert 0.6 < gpt_ratio < 0.7  # not half: about two thirds
+assert in_fp32 == ["LayerNorm", "Softmax"]  # the policy's FP32 ops
+assert gpt_report16.bytes_by_dtype()["float32"] > 0.3 * gpt_report16.total_bytes  # a third of what is kept
 
 # %% [markdown]
 # ## 2. What is held between steps
@@ -340,6 +367,7 @@ print(
     f"mixed+checkpoint {slope_ck * 1e3:.0f} KB"
 )
 assert np.all(pmix[1:] < p32[1:]) and np.all(pck[1:] < pmix[1:])
+assert pck[0] > pmix[0]  # at depth 4 checkpointing costs memory: the figure's crossing, explained below
 assert 0.4 < slope_mix / slope32 < 0.6  # FP16 activations: half the bytes per block
 assert (pck[-1] - pck[0]) < 0.4 * (pmix[-1] - pmix[0])  # checkpointing: far slower growth
 
@@ -359,7 +387,9 @@ assert off_mix < 0.02 * pmix[-1]  # without checkpointing: linear
 fig, ax = plt.subplots(figsize=(6.5, 4))
 for regime in regimes:
     ax.plot(depths, peaks_mb[regime], marker="o", label=regime)
-ax.plot(depths, np.polyval(fit_sqrt, np.sqrt(depths)), "k:", lw=1, label="a + b sqrt(depth), fitted")
+ax.plot(depths, np.polyval(fit_sqrt, np.sqrt(depths)), "k:", lw=1.6, zorder=3, label="a + b sqrt(depth), fitted")
+ax.annotate("depth 4: mixed+checkpoint above mixed\n(2 inputs + 2 replayed blocks = 4 blocks)", (depths[0], pck[0]),
+            xytext=(14, 0.9), fontsize=7, arrowprops={"arrowstyle": "->", "lw": 0.7})  # fmt: skip
 ax.set_xlabel("depth (Linear + ReLU blocks)")
 ax.set_ylabel("peak memory of one training step (MB, measured)")
 ax.set_title(f"Width {WIDTH}, batch {DEEP_BATCH}; checkpoint every round(sqrt(depth)) blocks", fontsize=9)
@@ -376,10 +406,17 @@ fig.savefig(depth_path, dpi=110)
 # $k = \sqrt{n}$ both the number of segment inputs kept, $n/k$, and the length of the segment
 # replayed, $k$, grow like $\sqrt{n}$.
 #
+# At depth 4 the lines cross: the checkpointed peak is *above* the plain one. There $n/k + k =
+# 2 + 2$ blocks' worth of arrays, as many as the 4 blocks the plain step keeps, so checkpointing
+# has nothing to save, and what the replay allocates for itself (its recomputed forward, run
+# while the gradient of the segment after it is held) comes on top. From depth 9, where
+# $n/k + k = 6 < 9$, it saves more the deeper the network (asserted for every depth from 9 on).
+#
 # ## Summary
 #
 # - `saved_tensors` lists every array a graph keeps; under autocast an MLP's graph keeps
-#   exactly half the bytes of the FP32 one.
+#   exactly half the bytes of the FP32 one, the small transformer about two thirds (its layer
+#   norms and softmax run in FP32 and keep FP32 arrays).
 # - Mixed precision holds no fewer bytes per parameter: 16 with Adam in the standard
 #   accounting, as in FP32 (20 in tinyamp's CPU path, which keeps an FP32 gradient copy). Its
 #   saving is in the activations, which grow with batch and depth.

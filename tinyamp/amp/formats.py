@@ -154,10 +154,14 @@ def ulp(x: float, fmt: str = "float16") -> float:
 def update_is_lost(weight: float, update: float, fmt: str = "float16") -> bool:
     """True when the nonzero `update`, added to `weight` rounded to `fmt`, leaves that weight unchanged.
 
-    The update is a float32 value, as an optimizer computes it, and the sum is rounded once
-    to `fmt`: ``tinyamp.amp.lost_updates``, whose docstring gives the rule (in float16, a
-    lost update is at least 2048 times smaller than a normal weight, and every update 4096
-    or more times smaller is lost: the reason for FP32 master weights).
+    The arithmetic of tinyamp's optimizers (``tinyamp.amp.lost_updates``): the update is
+    rounded to float32, as an optimizer computes it, added to the widened weight in float32,
+    and that sum rounded to `fmt`: two roundings of the sum.  The rule of ``lost_updates.py``
+    is for one (in float16: never lost while a normal weight is less than 2048 times larger
+    than the update, always lost once it is 4096 or more times larger).  The two agree for
+    every float16 update; otherwise the float32 rounding can land the sum on a tie, and a
+    lost update can exceed half the gap by up to half a float32 ulp of the sum
+    (``update_is_lost(1.0, 1 / 2047.9)`` is True).  Always lost from 4096 holds for both.
     """
     with np.errstate(over="ignore", invalid="ignore"):  # a weight beyond fmt's range is inf, whose updates are lost
         w = np.asarray(weight, dtype=np.float64).astype(get_format(fmt).dtype)

@@ -12,11 +12,16 @@ weight w and a nonzero update $\\Delta$, with round to nearest, ties to even:
   So $w = 1$ loses $\\Delta = +2^{-11}$ (a tie, kept at 1) but not $-2^{-11}$:
   $1 - 2^{-11}$ is a float16 value.
 
-Micikevicius et al. (2018) sum this up as "a weight 2048 times its update".  bfloat16,
+Micikevicius et al. (2018) sum this up as a weight 2048 times its update.  bfloat16,
 with 8 significant bits, loses updates from 256 (some) and 512 (all) times smaller.
 
-``lost_updates`` is the one definition tinyamp uses: for ``MasterWeights.history``, the
-demo's measure of naive FP16 training, and ``formats.update_is_lost``.
+That rule rounds the exact $w + \\Delta$ once.  ``lost_updates``, the one definition tinyamp
+uses (``MasterWeights.history``, the demo, ``formats.update_is_lost``), rounds twice, as the
+optimizers do: the sum to float32, then to the weight's format.  For a float16 update that is
+the same (24 >= 2 * 11 + 2 bits: Figueroa 1995).  Otherwise float32's rounding, monotone, can
+bring a sum onto an FP16 tie (never across one), which then goes to the even neighbour: $w = 1$
+loses $\\Delta = 1/2047.9$ (tutorial 4).  So the second bullet holds for both; the first
+becomes: a lost update is at most $|w| \\cdot 2^{-11}(1 + 2^{-12})$.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ def lost_updates(weight: Any, update: Any) -> Any:
     """Where the float32 `update`, applied to the 16-bit `weight`, leaves it unchanged (a bool array).
 
     The arithmetic is that of tinyamp's optimizers on a 16-bit weight: widen the weight
-    (exact), add the update in float32, round once to the weight's format.  An update of 0
-    is not counted as lost.
+    (exact), add the update in float32 (one rounding), round that sum to the weight's format
+    (a second; the module docstring says where the two differ from one).  An update of 0 is
+    not counted as lost.
     """
     rounded = kernels.cast(kernels.widen(weight) + update, weight.dtype)
     return (update != 0) & (rounded == weight)

@@ -6,11 +6,12 @@ Read in this order (tutorial 9 runs each idea on two processes):
   with a timeout and an abort so that a job never hangs;
 * ``flat.py``: all parameters as one flat vector cut into N shards;
 * ``allreduce.py``: the gradient sum, its dtype (FP32, FP16, FP16 pre-divided) and its order;
-* ``agreement.py``: one overflow decision for all ranks;
+* ``agreement.py``: one overflow decision for ranks that each check their own shard;
 * ``zero.py``: ZeRO stage 1, the FP32 masters and moments sharded;
 * ``data_parallel.py``: one replica, as an optimizer a LossScaler drives;
 * ``checkpoint.py``: a sharded run's state gathered into one single-process checkpoint;
-* ``train.py``: `tinyamp train --distributed`; ``faults.py``: failures injected on purpose.
+* ``train.py``: `tinyamp train --distributed`; ``faults.py``: failures injected on purpose;
+* ``launch.py``: finding the ``mpiexec`` that goes with this Python's mpi4py (tutorial 9).
 
 ``import tinyamp`` never imports this package; it needs mpi4py and an MPI library.
 """

@@ -1,6 +1,8 @@
 """One overflow decision for all ranks: found_inf is all-reduced with MAX before the skip.
 
-Each rank checks only the gradient shard it owns (the reduce-scatter half of the all-reduce,
+The agreement is needed where ranks check different data.  After a full all-reduce every rank
+holds the same summed gradient, and an inf anywhere in it is found by every rank alike.  Here
+each rank checks only the gradient shard it owns (the reduce-scatter half of the all-reduce,
 ``allreduce.py``): checking 1/N of the gradient is N times cheaper, and in ZeRO a rank never
 holds the rest.  But then the ranks see different data, and an overflow in one shard is seen by
 one rank only.  If that rank skipped the step while the others stepped:

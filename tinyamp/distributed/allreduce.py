@@ -9,14 +9,21 @@ computed is a precision decision:
                        add rounds to 24 bits, so the sum of N values is off by at most about
                        (N-1) * 2^-24 of their magnitudes: nothing FP16 could see.  The result
                        stays FP32: it feeds the FP32 masters, with no rounding back to 16 bits.
-``"float16"``          sum in FP16, divide by N afterwards (half the bytes of FP32).  Every add
-                       rounds to 11 bits, and the *sum* can overflow where every gradient and
-                       their mean cannot: two gradients of 40000 are finite, their sum 80000 is
-                       inf (FP16's largest value is 65504).  A dynamic loss
-                       scale then settles about log2(N) halvings lower.
-``"float16-predivide"``  divide each gradient by N in FP16 first (PyTorch DDP's
-                       gradient_predivide_factor = N): the sum of the means cannot overflow,
-                       but values below N * 2^-24 now round to 0 or lose bits before the sum.
+``"float16"``          sum in FP16, divide by N afterwards (the reduce-scatter sends half the
+                       bytes of FP32's).  Every add rounds to 11 bits, and the *sum* can overflow
+                       where every gradient and their mean cannot: two gradients of 40000 are
+                       finite, their sum 80000 is inf (FP16's largest value is 65504).  A
+                       dynamic loss scale then settles about log2(N) halvings lower.
+``"float16-predivide"``  divide each gradient by N first, rounded once to FP16, then sum in FP16
+                       (Apex DDP's, Horovod's and DeepSpeed's gradient_predivide_factor = N;
+                       PyTorch DDP's fp16_compress_hook divides by N before its FP16 sum too).
+                       Each quotient is at most fp16(65504/N), and rounding is monotone, so the
+                       sum overflows only if N copies of that quotient do: never for N a power
+                       of two (the division is exact; checked for N = 2 to 4096), but for N = 3
+                       the quotient rounds up to 21840 and three make 65520, inf.  At the small end, a quotient |g|/N
+                       below 2^-25 rounds to 0, 2^-25 itself is a tie that goes to the even 0,
+                       and anything above it rounds to 2^-24 or more; below 2^-14 the quotients
+                       are subnormal and keep fewer than 11 bits.
 =====================  ==========================================================================
 
 The all-reduce is built as its two halves, so that each rank can check the part it owns:

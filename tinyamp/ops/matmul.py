@@ -6,7 +6,11 @@ B sums over the batch; flattening the batch into rows turns that sum into one ma
 product, (B*T, K)^T @ (B*T, N), instead of B products and a sum.
 
 Every product, forward and backward, is ``kernels.product``: with 16-bit operands, FP16
-x FP16 -> FP32 accumulate, rounded once (Tensor Core numerics).  A gradient summed over
+x FP16 -> FP32 accumulate, rounded once.  That is a model of Tensor Core numerics, not
+the hardware's bits: the products are exact, as on a Tensor Core, but the FP32 sums are
+sgemm's, in one order and each correctly rounded, where a Tensor Core adds in adder trees
+of its own order, with alignment that can truncate low bits rather than round them, so a
+GPU's results can differ in the last bits (Fasi et al. 2021).  A gradient summed over
 batch axes is summed from the FP32 products and rounded once, after the sum.
 """
 
