@@ -1,9 +1,10 @@
 """Checking a backward against central finite differences, in float64.
 
 For a scalar $s(x)$, $\\partial s/\\partial x_i \\approx (s(x + h e_i) - s(x - h e_i)) / 2h$
-with error $O(h^2)$ from the Taylor series plus $O(\\varepsilon/h)$ from rounding.  In
-float64 ($\\varepsilon \\approx 2.2 \\times 10^{-16}$) and $h = 10^{-6}$ both terms are
-near $10^{-10}$, so tolerances of about $10^{-6}$ catch any wrong derivative.  In
+with error $h^2 |s'''| / 6$ from the Taylor series plus about $\\varepsilon |s| / h$ from
+rounding.  In float64 ($\\varepsilon \\approx 2.2 \\times 10^{-16}$) with $h = 10^{-6}$ the
+rounding term is near $10^{-10}$ and the Taylor term near $10^{-13}$ (for $s$ and $s'''$ of
+order 1), so tolerances of about $10^{-6}$ catch any wrong derivative.  In
 float32 ($\\varepsilon \\approx 1.2 \\times 10^{-7}$) the rounding term alone is near
 0.1: that is why the check refuses anything but float64.
 
