@@ -238,3 +238,17 @@ def test_help_lists_the_exercises_and_the_first_two_commands() -> None:
     assert done.returncode == 0
     assert all(f"  {e.number:<4} {e.title}" in done.stdout for e in EXERCISES)
     assert "tinyamp exercises init ws  then  tinyamp exercises check ws" in done.stdout
+
+
+def test_the_readme_says_how_to_start_and_how_to_grade_a_class() -> None:
+    readme = (ROOT / "README.md").read_text()
+    top = readme[: readme.index("## A first look")]  # the first screen
+    assert "tinyamp exercises init ws" in top and "tinyamp exercises check ws" in top
+    assert f"{len(EXERCISES)} graded exercises" in top
+    grading = readme[readme.index("**Grading a class.**") :]
+    assert "--format gradescope" in grading and "--json" in grading
+    assert all(e.points == 1 for e in EXERCISES) and "each exercise passed is worth 1 point" in readme
+    assert "with a time limit (60 s; `--timeout SECONDS`)" in readme and "(2 GiB beyond the" in readme
+    from tinyamp.exercises.isolation import DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT
+
+    assert (DEFAULT_TIMEOUT, DEFAULT_MEMORY_GIB) == (60, 2)
