@@ -6,15 +6,16 @@ or else the definition that gave the wrong value.  ``tinyamp exercises check`` c
 ``grade`` in a child process per exercise (``isolation``), never in its own.  A normal
 check draws the same examples on every run, so the same code always gets the same verdict;
 ``--deep`` draws new random ones, ten times as many, to look further.  Before the grader
-runs, three things are checked: the graded function or class is defined in the workspace's
-file (not imported from tinyamp); it does not use tinyamp's own implementation of the mechanism (the exercise's
-``forbidden`` names, followed through imports and aliases); and, for exercises about
-rounding by hand, it does not call NumPy's conversion to float16.
+runs, its source is read (``source_checks``): the graded function or class is defined in the
+workspace's file (not imported from tinyamp); it reaches no name the reader cannot follow
+(``getattr`` or an import with a computed name, ``eval``); it does not use tinyamp's own
+implementation of the mechanism (the exercise's ``forbidden`` names, followed through imports,
+aliases, helpers, ``importlib`` and ``__import__``); and, for exercises about rounding by hand,
+it does not call NumPy's conversion to float16, however spelled.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import sys
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
+from tinyamp.exercises.source_checks import dynamic_access, float16_conversion, tinyamp_names_used
 
 PASSED, NOT_STARTED, FAILED = "passed", "not started", "failed"
 
@@ -179,6 +181,12 @@ def load(exercise: Exercise, workspace: Path) -> Any:
             f"{exercise.path}; the grader grades the code there"
         )
     source = path.read_text()
+    dynamic = dynamic_access(source, exercise.name)
+    if dynamic:
+        raise NotTheirs(
+            f"{exercise.name} reaches a name the grader cannot follow ({dynamic}): Exercise {exercise.number} must "
+            f"not use {', '.join(exercise.forbidden)}, so the grader reads every name you use: write them directly"
+        )
     used = sorted(name for name in tinyamp_names_used(source, exercise.name) if _forbidden(name, exercise.forbidden))
     if used:
         raise NotTheirs(
@@ -187,6 +195,11 @@ def load(exercise: Exercise, workspace: Path) -> Any:
         )
     if exercise.no_float16_casts:
         cast = float16_conversion(source, exercise.name)
+        if cast.endswith("<a dtype not written by name>)"):
+            raise NotTheirs(
+                f"{exercise.name} converts to a dtype the grader cannot read ({cast}): Exercise {exercise.number} "
+                "forbids NumPy's conversion to float16, so write every dtype by name (np.uint32, 'float32')"
+            )
         if cast:
             raise NotTheirs(
                 f"{exercise.name} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
@@ -213,82 +226,6 @@ def _fresh_import(workspace: Path, module: str) -> Any:
 
 def _forbidden(name: str, forbidden: tuple[str, ...]) -> bool:
     return any(name == f or name.startswith(f + ".") for f in forbidden)
-
-
-def _graded_node(tree: ast.Module, name: str) -> ast.AST:
-    """The top-level definition of `name` (the whole module when it is bound some other way)."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return node
-    return tree
-
-
-def tinyamp_names_used(source: str, name: str) -> set[str]:
-    """The dotted tinyamp names the definition of `name` refers to, through the module's imports and aliases.
-
-    ``import tinyamp as ta`` then ``ta.amp.LossScaler(...)`` gives "tinyamp.amp.LossScaler";
-    ``from tinyamp.rounding import round_to_float16`` then a call gives "tinyamp.rounding.round_to_float16".
-    """
-    tree = ast.parse(source)
-    aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    used = set()
-    for node in ast.walk(_graded_node(tree, name)):
-        dotted = _dotted(node)
-        if dotted is None:
-            continue
-        root, _, rest = dotted.partition(".")
-        full = aliases.get(root, root) + (f".{rest}" if rest else "")
-        if full.startswith("tinyamp"):
-            used.add(full)
-    return used
-
-
-def _dotted(node: ast.AST) -> str | None:
-    """ "a.b.c" for the expression a.b.c (a Name or an Attribute chain on one), else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
-
-
-FLOAT16_NAMES = {"float16", "half", "f2", "e", "<f2", "=f2"}
-
-
-def _names_float16(node: ast.AST | None) -> bool:
-    if isinstance(node, ast.Constant):
-        return node.value in FLOAT16_NAMES
-    dotted = _dotted(node) if node is not None else None
-    return dotted is not None and dotted.split(".")[-1] in ("float16", "half")
-
-
-def float16_conversion(source: str, name: str) -> str:
-    """The first NumPy conversion to float16 in the definition of `name`, as "line 12: astype(float16)" ("" if none).
-
-    ``astype(np.float16)``, ``np.float16(x)``, and any call with ``dtype=np.float16``; a
-    ``.view(np.float16)`` only reinterprets bits and is allowed.
-    """
-    for node in ast.walk(_graded_node(ast.parse(source), name)):
-        if not isinstance(node, ast.Call):
-            continue
-        func = _dotted(node.func) or ""
-        last = func.split(".")[-1] if func else getattr(node.func, "attr", "")
-        if last in ("float16", "half"):
-            return f"line {node.lineno}: {last}(...)"
-        if last == "astype" and node.args and _names_float16(node.args[0]):
-            return f"line {node.lineno}: astype(float16)"
-        if any(k.arg == "dtype" and _names_float16(k.value) for k in node.keywords):
-            return f"line {node.lineno}: dtype=float16"
-    return ""
 
 
 def _one_line(exc: BaseException) -> str:

@@ -63,12 +63,14 @@ def grade_update_is_lost(update_is_lost: Callable[[float, float], bool], example
             total = float(np.float32(weight) + np.float32(update))
             direction = 1.0 if update > 0 else -1.0
             rounded = float(formats.round_to(total, "float16"))
+            tie = abs(total - weight) == half_gap(weight, direction)
             raise AssertionError(
                 f"{about} yours says {got!r}, expected {expected}: the float32 sum {number(total)} rounds to "
                 f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
-                f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; a tie goes to "
-                "the even neighbour)"
-            )
+                f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; "
+                + ("the sum is exactly halfway: a tie, which goes to the even neighbour)" if tie else "a tie goes "
+                   "to the even neighbour)")
+            )  # fmt: skip
 
     lost_exactly_when_rounding_gives_the_weight_back()
 
