@@ -252,3 +252,27 @@ def test_the_readme_says_how_to_start_and_how_to_grade_a_class() -> None:
     from tinyamp.exercises.isolation import DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT
 
     assert (DEFAULT_TIMEOUT, DEFAULT_MEMORY_GIB) == (60, 2)
+
+
+def test_a_workspace_that_cannot_be_copied_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import shutil
+
+    from tinyamp.exercises import command, isolation
+
+    write_workspace(tmp_path / "ws")
+
+    def unreadable(source: Path, *args: object, **kwargs: object) -> None:
+        raise shutil.Error([(str(Path(source) / "secret"), "copy", "[Errno 13] Permission denied")])
+
+    monkeypatch.setattr(isolation.shutil, "copytree", unreadable)
+    copies = set(Path(isolation.tempfile.gettempdir()).glob("tinyamp-grading-*"))
+    p = argparse.ArgumentParser(prog="tinyamp")
+    command.add_parser(p.add_subparsers(dest="command", required=True))
+    assert command.run(p.parse_args(["exercises", "check", str(tmp_path / "ws"), "--only", "1.1"])) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tinyamp: error: cannot copy the workspace {tmp_path / 'ws'} to grade it: "
+                   f"{tmp_path / 'ws' / 'secret'}: [Errno 13] Permission denied\n")  # fmt: skip
+    assert set(Path(isolation.tempfile.gettempdir()).glob("tinyamp-grading-*")) <= copies  # its folder removed

@@ -170,7 +170,12 @@ def check(args: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("grading needs hypothesis: pip install hypothesis (or pip install 'tinyamp[test]')") from None
     limits = Limits(seconds, int(memory * 2**30))
-    results = grade_and_print(exercises, directory, args.deep, limits, int(jobs), table=args.format != "json")
+    from tinyamp.exercises.isolation import CopyError
+
+    try:
+        results = grade_and_print(exercises, directory, args.deep, limits, int(jobs), table=args.format != "json")
+    except CopyError as exc:
+        raise UsageError(str(exc)) from None
     from tinyamp.exercises import reports
 
     if args.format == "json":

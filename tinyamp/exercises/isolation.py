@@ -88,6 +88,18 @@ def grade_isolated(
             child.finish()
 
 
+class CopyError(Exception):
+    """The workspace could not be copied (an unreadable file): the message names the file."""
+
+
+def _first_error(exc: BaseException) -> str:
+    """shutil.Error carries a list of (source, destination, why); an OSError says it itself."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        source, _, why = exc.args[0][0]
+        return f"{source}: {why}"
+    return str(exc)
+
+
 class Child:
     """One exercise's child process, its throwaway copy of the workspace, and what it has said so far."""
 
@@ -95,7 +107,11 @@ class Child:
         self.exercise, self.limits = exercise, limits
         self.folder = Path(tempfile.mkdtemp(prefix="tinyamp-grading-"))
         copy = self.folder / "workspace"
-        shutil.copytree(workspace, copy, ignore=IGNORED, symlinks=True)
+        try:
+            shutil.copytree(workspace, copy, ignore=IGNORED, symlinks=True)
+        except (OSError, shutil.Error) as exc:  # an unreadable file: the workspace cannot be graded as it is
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise CopyError(f"cannot copy the workspace {workspace} to grade it: {_first_error(exc)}") from None
         self.receive, send = context.Pipe(duplex=False)
         self.process = context.Process(
             target=_child, args=(exercise.id, str(copy), deep, limits.memory_bytes, send), name=f"grade-{exercise.id}"
