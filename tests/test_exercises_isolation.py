@@ -69,6 +69,8 @@ CASES = {
     "KeyboardInterrupt": ("raise KeyboardInterrupt", r"raised KeyboardInterrupt at myamp/backward\.py:{line}$"),
     "a BaseException": ("raise GeneratorExit('bye')", r"raised GeneratorExit: bye at myamp/backward\.py:{line}$"),
     "an infinite loop": ("while True: pass", r"still running after 3 s: an infinite loop\? \(--timeout SECONDS"),
+    "a thread left running": ("import threading, time; threading.Thread(target=lambda: time.sleep(3600)).start()",
+                              r"gave a verdict but was still running after 3 s: a thread or process of yours left"),
     "a SIGKILL": ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
                   r"the grading process was killed by SIGKILL \(out of memory\?\) before a verdict"),
 }  # fmt: skip

@@ -74,7 +74,7 @@ def grade_isolated(
                 while pending and len(running) < max(1, jobs):
                     running.append(Child(context, pending.pop(0), Path(workspace), deep, limits))
                 soonest = min(child.deadline for child in running)
-                wait([c.process.sentinel for c in running] + [c.receive for c in running],
+                wait([c.process.sentinel for c in running] + [c.receive for c in running if not c.ended],
                      max(0.0, soonest - time.monotonic()))  # fmt: skip
                 for child in list(running):
                     child.drain()
@@ -114,7 +114,9 @@ class Child:
             raise CopyError(f"cannot copy the workspace {workspace} to grade it: {_first_error(exc)}") from None
         self.receive, send = context.Pipe(duplex=False)
         self.process = context.Process(
-            target=_child, args=(exercise.id, str(copy), deep, limits.memory_bytes, send), name=f"grade-{exercise.id}"
+            target=_child,
+            args=(exercise.id, str(copy), str(workspace), deep, limits.memory_bytes, send),
+            name=f"grade-{exercise.id}",
         )
         self.start = time.monotonic()
         with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads: numpy's idle BLAS pool
@@ -124,15 +126,16 @@ class Child:
         self.deadline = self.start + limits.seconds
         self.messages: dict[str, Any] = {}
         self.timed_out = False
+        self.ended = False  # the pipe reached its end: nothing more to wait for on it
 
     def drain(self) -> None:
         """Read what the child has sent: ("result", (status, message)) and, before an os._exit, ("exit", why)."""
         try:
-            while self.receive.poll():
+            while not self.ended and self.receive.poll():
                 kind, value = self.receive.recv()
                 self.messages.setdefault(kind, value)
         except Exception:  # the end of the pipe, or bytes that are not a message: the verdict says what happened
-            pass
+            self.ended = True
 
     def kill(self) -> None:
         """SIGKILL the child and anything it started (it leads its own process group)."""
@@ -180,8 +183,9 @@ class Child:
         return FAILED, f"the grading process ended with exit status {code} before a verdict (os._exit, or a crash?)"
 
 
-def _child(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, send: Connection) -> None:
-    """In the child: limits, the copy as the current folder, the grade, one message back."""
+def _child(exercise_id: str, copy: str, shown: str, deep: bool, memory_bytes: int | None, send: Connection) -> None:
+    """In the child: limits, the copy as the current folder, the grade, one message back (naming `shown`, the
+    workspace, where a message would name the copy)."""
     from tinyamp.exercises.grading import FAILED, aborted, grade
 
     root = Path(copy)
@@ -200,7 +204,7 @@ def _child(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, se
             verdict = (FAILED, f"{result.message[:-1]}{limit})")
     except BaseException as exc:  # sys.exit, KeyboardInterrupt, ...: this exercise's verdict, not the grader's end
         verdict = (FAILED, aborted(exc, root))
-    send.send(("result", verdict))
+    send.send(("result", (verdict[0], verdict[1].replace(str(root), shown))))
     send.close()
 
 
