@@ -248,6 +248,13 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         r"your backward gives .*, finite differences give",
     ),
     (
+        "ex2_2",
+        "nothing returned",
+        "return g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
+        "g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
+        r"raised TypeError: your log_softmax_backward returned NoneType: return dL/dx, a float64 array of shape",
+    ),
+    (
         "ex2_3",
         "rstd ignored",
         "return rstd * (g - g.mean(",
