@@ -6,7 +6,8 @@
                                  and a checkpoint that --resume continues from
     tinyamp info                 versions, backends, GPU, the FP16/BF16/FP32 formats, the autocast
                                  op policy and the loss-scaler presets
-    tinyamp exercises init DIR   a workspace of exercises to implement; `exercises check DIR` grades it
+    tinyamp exercises init DIR   a workspace of exercises to implement; `exercises check DIR` grades it,
+                                 each exercise in its own process; `exercises list` names them
 
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
 run diverged (the message says when and why); 130/143 stopped by Ctrl-C/SIGTERM, after

@@ -1,5 +1,6 @@
 """Coursework: exercises students implement, graders that tell them precisely whether they are right.
 
+    tinyamp exercises list [DIR]        the exercises, their tutorials, and how far each is in DIR
     tinyamp exercises init DIR          a workspace: the package myamp/ of stubs, one module per tutorial
     tinyamp exercises check DIR         grade it: passed / not started / failed, the first counterexample
 
@@ -8,6 +9,8 @@
   (``init --solutions``), module for module;
 * ``graders/``: one grader per exercise, built on ``tinyamp.testing``;
 * ``grading``: loading a student's code, checking it is theirs, running its grader;
+* ``isolation``: each exercise graded in a child process, on a throwaway copy, with time and memory limits;
+* ``reports``: the grades as JSON records and as Gradescope's results.json;
 * ``workspace``: the files ``init`` writes; ``command``: the ``tinyamp exercises`` command.
 
 Importing this package imports neither hypothesis nor the graders.

@@ -28,6 +28,7 @@ class Exercise:
     examples: int  # hypothesis examples per property in a normal check; --deep runs DEEP times as many
     forbidden: tuple[str, ...] = ()  # tinyamp's own implementations of the mechanism, which the stub must not use
     no_float16_casts: bool = False  # the point is to round by hand: no astype(float16), np.float16(x), dtype=float16
+    points: int = 1  # what passing it is worth in --json and --format gradescope (failed or not started: 0)
 
     @property
     def path(self) -> str:

@@ -1,38 +1,54 @@
-"""``tinyamp exercises``: write a workspace of stubs, grade it.
+"""``tinyamp exercises``: list the exercises, write a workspace of stubs, grade it.
 
+    tinyamp exercises list [DIR]                 number, title, tutorial, points; with DIR, how far each is
     tinyamp exercises init DIR [--solutions]     the package myamp/ of stubs (or the reference solutions),
                                                  pytest.ini with one marker per exercise, tests/test_myamp.py
-    tinyamp exercises check [DIR] [--only ID] [--deep]
-                                                 grade the workspace (default: the current folder) and print
-                                                 a table: exercise, passed / not started / failed, the first
-                                                 counterexample in words
+    tinyamp exercises check [DIR] [--only ID] [--deep] [--timeout SECONDS] [--memory GIB] [--jobs N]
+                            [--json | --format gradescope [--results PATH]]
+                                                 grade the workspace (default: the current folder), each
+                                                 exercise in its own process, and print a table: exercise,
+                                                 passed / not started / failed, the first counterexample in words
 
 Exit status: 0 when every exercise asked for passes; 1 when one is failed or not started;
-2 for bad input (a folder that is not a workspace, an unknown exercise).  Building the parser
-imports neither hypothesis nor the graders: they load when ``check`` runs.
+2 for bad input (a folder that is not a workspace, an unknown exercise, a limit that is not a
+number > 0).  Building the parser imports neither hypothesis nor the graders: they load when
+``check`` runs.  Nothing here writes into the workspace graded: each exercise runs on a copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tinyamp.exercises.catalog import DEEP, EXERCISES, PACKAGE, find
+from tinyamp.exercises.catalog import DEEP, EXERCISES, PACKAGE, Exercise, find
+from tinyamp.exercises.isolation import DEFAULT_JOBS, DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT
 
 EXIT_STATUS = "exit status: 0 every exercise asked for passes; 1 one is failed or not started; 2 bad input"
+FIRST_STEPS = "start:  tinyamp exercises init ws  then  tinyamp exercises check ws"
+
+
+def catalog_text() -> str:
+    """The exercises, one line each: number, title, the tutorial section to read first (for --help)."""
+    return "\n".join(f"  {e.number:<4} {e.title:<46} {e.tutorial.split(';')[0].split(' (')[0]}" for e in EXERCISES)
 
 
 def add_parser(subparsers: Any) -> None:
-    """Add ``exercises init`` and ``exercises check`` to the ``tinyamp`` command's subparsers."""
+    """Add ``exercises list``, ``init`` and ``check`` to the ``tinyamp`` command's subparsers."""
     p = subparsers.add_parser(
         "exercises", help="coursework: a workspace of stubs to write, and graders that check them",
         description="Exercises across the tutorials: write stubs in a workspace, grade them with property tests.",
-        epilog=EXIT_STATUS,
+        epilog=f"the exercises:\n{catalog_text()}\n\n{FIRST_STEPS}\n{EXIT_STATUS}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     sub = p.add_subparsers(dest="exercises_command", required=True)
+    listing = sub.add_parser("list", help="the exercises; with DIR, how far each is in that workspace",
+                             epilog=EXIT_STATUS)  # fmt: skip
+    listing.add_argument("directory", metavar="DIR", nargs="?", help="a workspace: its files are read, never run")
     init = sub.add_parser("init", help="write a student workspace into DIR", epilog=EXIT_STATUS)
     init.add_argument("directory", metavar="DIR", help="the folder to write (created; never written over)")
     init.add_argument("--solutions", action="store_true", help="write the reference solutions (for instructors)")
@@ -40,15 +56,31 @@ def add_parser(subparsers: Any) -> None:
     check.add_argument("directory", metavar="DIR", nargs="?", default=".", help="the workspace (default: here)")
     check.add_argument("--only", metavar="ID", action="append",
                        help="grade this exercise only (5.1 or ex5_1); repeat for several")  # fmt: skip
-    check.add_argument("--deep", action="store_true", help=f"{DEEP} times as many hypothesis examples per property")
+    check.add_argument("--deep", action="store_true", help=f"{DEEP} times as many hypothesis examples per property "
+                       f"(and {DEEP} times the time limit)")  # fmt: skip
+    check.add_argument("--timeout", metavar="SECONDS", help=f"time limit per exercise (default {DEFAULT_TIMEOUT:g}; "
+                       f"{DEFAULT_TIMEOUT * DEEP:g} with --deep): past it, the exercise fails")  # fmt: skip
+    check.add_argument("--memory", metavar="GIB", help="memory per exercise beyond the grader's own, on Linux "
+                       f"(default {DEFAULT_MEMORY_GIB:g} GiB): past it, the exercise fails")  # fmt: skip
+    check.add_argument("--jobs", metavar="N", help=f"exercises graded at once (default {DEFAULT_JOBS}, at most "
+                       "the number of CPUs)")  # fmt: skip
+    form = check.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_const", const="json", dest="format",
+                      help="print one JSON record per exercise instead of the table")  # fmt: skip
+    form.add_argument("--format", choices=("table", "json", "gradescope"), default="table",
+                      help="gradescope: the table, and Gradescope's results.json (see --results)")  # fmt: skip
+    check.add_argument("--results", metavar="PATH", default="results.json",
+                       help="where --format gradescope writes (default: results.json; never inside DIR)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``tinyamp exercises init`` or ``check`` from parsed arguments; return the exit status."""
+    """Run ``tinyamp exercises list``, ``init`` or ``check`` from parsed arguments; return the exit status."""
     try:
+        if args.exercises_command == "list":
+            return list_exercises(None if args.directory is None else Path(args.directory))
         if args.exercises_command == "init":
             return init(Path(args.directory), args.solutions)
-        return check(Path(args.directory), args.only, args.deep)
+        return check(args)
     except UsageError as exc:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
@@ -56,6 +88,20 @@ def run(args: argparse.Namespace) -> int:
 
 class UsageError(Exception):
     """Bad input: printed as ``tinyamp: error: ...``, exit status 2."""
+
+
+def list_exercises(directory: Path | None) -> int:
+    """Print the exercises; with a workspace, how far each is there (its files read, not run)."""
+    from tinyamp.exercises.workspace import progress
+
+    if directory is not None:
+        require_workspace(directory)
+    print(f"{'#':<5}{'exercise':<46}{'points':>6}  {'status' if directory else 'read'}")
+    for e in EXERCISES:
+        last = f"{progress(e, directory):<13} {e.tutorial}" if directory else e.tutorial
+        print(f"{e.number:<5}{e.title:<46}{e.points:>6}  {last}")
+    print(f"\n{FIRST_STEPS}" if directory is None else f"\ngrade them: tinyamp exercises check {directory}")
+    return 0
 
 
 def init(directory: Path, solutions: bool) -> int:
@@ -72,35 +118,103 @@ def init(directory: Path, solutions: bool) -> int:
     return 0
 
 
-def check(directory: Path, only: list[str] | None, deep: bool) -> int:
-    """Grade the exercises asked for and print one row each as it finishes; 0 when all of them pass."""
+def require_workspace(directory: Path) -> None:
+    """UsageError unless `directory` is a workspace (a folder with a myamp/ package)."""
+    if not directory.exists():
+        raise UsageError(f"{directory} does not exist; write a workspace there with tinyamp exercises init {directory}")
     if not (directory / PACKAGE).is_dir():
         raise UsageError(f"{directory} is not a workspace (it has no {PACKAGE}/ folder); write one with "
                          f"tinyamp exercises init {directory}")  # fmt: skip
+
+
+def positive(text: str | None, option: str, default: float, example: str) -> float:
+    """The value of `option`, a finite number > 0 (`default` when not given); UsageError otherwise."""
+    if text is None:
+        return default
     try:
-        exercises = list(EXERCISES) if not only else list(dict.fromkeys(find(name) for name in only))
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{option} takes a number > 0, such as {example}; got {text!r}")
+    return value
+
+
+def check(args: argparse.Namespace) -> int:
+    """Grade the exercises asked for, each in a child process; print the table (or JSON) and write results."""
+    from tinyamp.exercises.isolation import Limits
+
+    directory = Path(args.directory)
+    require_workspace(directory)
+    try:
+        exercises = list(EXERCISES) if not args.only else list(dict.fromkeys(find(name) for name in args.only))
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
+    seconds = positive(args.timeout, "--timeout", DEFAULT_TIMEOUT * (DEEP if args.deep else 1), "60")
+    memory = positive(args.memory, "--memory", DEFAULT_MEMORY_GIB, "2")
+    jobs = positive(args.jobs, "--jobs", min(DEFAULT_JOBS, os.cpu_count() or 1), "2")
+    if jobs != int(jobs):
+        raise UsageError(f"--jobs takes a whole number > 0, such as 2; got {args.jobs!r}")
+    results_path = None
+    if args.format == "gradescope":
+        results_path = Path(args.results).resolve()
+        if results_path.is_relative_to(directory.resolve()):
+            raise UsageError(f"--results {args.results} is inside the workspace {directory}, which grading never "
+                             "writes into; give a path outside it")  # fmt: skip
+        if not results_path.parent.is_dir() or results_path.is_dir():
+            raise UsageError(f"--results {args.results}: {results_path.parent} is not a folder to write results.json "
+                             "into" if not results_path.parent.is_dir() else f"--results {args.results} is a folder; "
+                             "give a file path such as results.json")  # fmt: skip
     try:
         import hypothesis  # noqa: F401  (every grader is a hypothesis property)
     except ImportError:
         raise UsageError("grading needs hypothesis: pip install hypothesis (or pip install 'tinyamp[test]')") from None
-    from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED, grade
+    limits = Limits(seconds, int(memory * 2**30))
+    from tinyamp.exercises.isolation import CopyError
+
+    try:
+        results = grade_and_print(exercises, directory, args.deep, limits, int(jobs), table=args.format != "json")
+    except CopyError as exc:
+        raise UsageError(str(exc)) from None
+    from tinyamp.exercises import reports
+
+    if args.format == "json":
+        print(reports.records_json(results))
+    if results_path is not None:
+        summary = reports.gradescope(results, sum(r.seconds for r in results))
+        import json
+
+        reports.write_atomically(results_path, json.dumps(summary, indent=1))
+        print(f"wrote {results_path}: score {summary['score']} of {sum(e.points for e in exercises)}")
+    return 0 if all(r.status == "passed" for r in results) else 1
+
+
+def grade_and_print(exercises: list[Exercise], directory: Path, deep: bool, limits: Any, jobs: int,
+                    table: bool) -> list[Any]:  # fmt: skip
+    """Grade in child processes; with `table`, print one row per exercise as its turn comes."""
+    from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED
+    from tinyamp.exercises.isolation import grade_isolated
+    from tinyamp.exercises.reports import reason
 
     start = time.perf_counter()
-    print(f"grading {len(exercises)} exercise{'s' * (len(exercises) > 1)} in {directory.resolve()}"
-          f"{f' ({DEEP}x examples)' if deep else ''}\n")  # fmt: skip
-    print(row("#", "exercise", "result", "time", "first counterexample (failed) or what to read (not started)"))
-    counts = {PASSED: 0, FAILED: 0, NOT_STARTED: 0}
-    for exercise in exercises:
-        result = grade(exercise, directory, deep=deep)
-        counts[result.status] += 1
-        why = {FAILED: result.message, NOT_STARTED: exercise.first_steps}.get(result.status, "")
-        print(row(exercise.number, exercise.title, result.status, f"{result.seconds:.1f}s", why), flush=True)
-    summary = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
-    print(f"\n{summary} ({time.perf_counter() - start:.1f} s). One exercise: tinyamp exercises check --only 5.1, "
-          f"or pytest {directory} -m ex5_1")  # fmt: skip
-    return 0 if counts[PASSED] == len(exercises) else 1
+    if table:
+        memory = f", {limits.memory_bytes / 2**30:g} GiB" if sys.platform.startswith("linux") else ""
+        print(f"grading {len(exercises)} exercise{'s' * (len(exercises) > 1)} in {directory.resolve()}"
+              f"{f' ({DEEP}x examples)' if deep else ''}, each in its own process (at most {limits.seconds:g} s"
+              f"{memory}; {jobs} at a time)\n")  # fmt: skip
+        print(row("#", "exercise", "result", "time", "first counterexample (failed) or what to read (not started)"))
+    results = []
+    for result in grade_isolated(exercises, directory, deep, limits, jobs):
+        results.append(result)
+        if table:
+            e = result.exercise
+            print(row(e.number, e.title, result.status, f"{result.seconds:.1f}s", reason(result)), flush=True)
+    if table:
+        counts = {status: sum(r.status == status for r in results) for status in (PASSED, FAILED, NOT_STARTED)}
+        summary = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+        print(f"\n{summary} ({time.perf_counter() - start:.1f} s). One exercise: tinyamp exercises check --only 5.1, "
+              f"or pytest {directory} -m ex5_1")  # fmt: skip
+    return results
 
 
 def row(number: str, title: str, result: str, seconds: str, why: str) -> str:

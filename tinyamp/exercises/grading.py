@@ -1,23 +1,28 @@
 """Grading one exercise of a workspace: load the student's code, check it is theirs, run its grader.
 
 The result is passed, not started (the stub still raises NotImplementedError) or failed,
-with the first counterexample in words.  A normal check draws the same examples on every
-run, so the same code always gets the same verdict; ``--deep`` draws new random ones, ten
-times as many, to look further.  Before the grader runs, three things are checked:
-the graded function or class is defined in the workspace's file (not imported from
-tinyamp); it does not use tinyamp's own implementation of the mechanism (the exercise's
-``forbidden`` names, followed through imports and aliases); and, for exercises about
-rounding by hand, it does not call NumPy's conversion to float16.
+with the first counterexample in words and the student's line: where their code raised,
+or else the definition that gave the wrong value.  ``tinyamp exercises check`` calls
+``grade`` in a child process per exercise (``isolation``), never in its own.  A normal
+check draws the same examples on every run, so the same code always gets the same verdict;
+``--deep`` draws new random ones, ten times as many, to look further.  Before the grader
+runs, its source is read (``source_checks``): the graded function or class is defined in the
+workspace's file (not imported from tinyamp); it reaches no name the reader cannot follow
+(``getattr`` or an import with a computed name, ``eval``); it does not use tinyamp's own
+implementation of the mechanism (the exercise's ``forbidden`` names, followed through imports,
+aliases, helpers, ``importlib`` and ``__import__``); and, for exercises about rounding by hand,
+it does not call NumPy's conversion to float16, however spelled.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import sys
 import time
+import traceback
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
+from tinyamp.exercises.source_checks import dynamic_access, float16_conversion, tinyamp_names_used
 
 PASSED, NOT_STARTED, FAILED = "passed", "not started", "failed"
 
@@ -47,29 +53,109 @@ def grade(exercise: Exercise, workspace: Path, deep: bool = False) -> Result:
     """Grade `exercise` in `workspace` (hypothesis examples: the exercise's budget, DEEP times it with `deep`)."""
     from tinyamp.testing.counterexamples import same_examples_every_run  # hypothesis loads only to grade
 
-    start = time.perf_counter()
+    start, workspace, definition = time.perf_counter(), Path(workspace), ""
+    # the grader is fetched before the student's module runs: code that replaces it on import comes too late
+    grader = getattr(importlib.import_module(f"tinyamp.exercises.graders.{exercise.module}"), exercise.grader)
     try:
-        graded = load(exercise, Path(workspace))
-        grader = getattr(importlib.import_module(f"tinyamp.exercises.graders.{exercise.module}"), exercise.grader)
+        graded = load(exercise, workspace)
+        definition = f"{exercise.name}, {exercise.path}:{_first_line(graded)}"
         with np.errstate(all="ignore"), warnings.catch_warnings(), same_examples_every_run(not deep):
             warnings.simplefilter("ignore")  # a student's overflow warnings are not the verdict
             grader(graded, exercise.examples * (DEEP if deep else 1))
     except NotImplementedError as exc:
         return Result(exercise, NOT_STARTED, str(exc) or "raises NotImplementedError", time.perf_counter() - start)
-    except (AssertionError, NotTheirs) as exc:
-        return Result(exercise, FAILED, _one_line(exc), time.perf_counter() - start)
-    except Exception as exc:  # e.g. hypothesis's Flaky: the same input failed once and passed once (shared state?)
-        message = f"the grader stopped on {type(exc).__name__}: {_one_line(exc)}"
-        return Result(exercise, FAILED, message, time.perf_counter() - start)
+    except Exception as exc:  # a counterexample, code that is not theirs, or their exception the grader stopped on
+        return Result(exercise, FAILED, failure(exc, workspace, definition), time.perf_counter() - start)
     return Result(exercise, PASSED, "", time.perf_counter() - start)
 
 
+def failure(exc: Exception, workspace: Path, definition: str) -> str:
+    """The reason in one line, ending with the student's line where their code raised, else their definition.
+
+    `definition` is "name, myamp/file.py:LINE" ("" when the code did not load: the message names the file).
+    """
+    where = raised_at(exc, workspace)
+    if any(isinstance(e, MemoryError) for e in _chain(exc)):
+        return f"ran out of memory{f' at {where}' if where else ''} (MemoryError)"
+    if isinstance(exc, (AssertionError, NotTheirs)):
+        message = _one_line(exc)
+    else:  # e.g. hypothesis's Flaky: the same input failed once and passed once (shared state?)
+        message = f"the grader stopped on {type(exc).__name__}: {_one_line(exc)}"
+    if where:
+        return f"{message} (at {where})"
+    return f"{message} ({definition})" if definition and not isinstance(exc, NotTheirs) else message
+
+
+def aborted(exc: BaseException, workspace: Path) -> str:
+    """The reason when student code ended the grading itself: sys.exit, KeyboardInterrupt, another BaseException."""
+    where = raised_at(exc, workspace)
+    at = f" at {where}" if where else ""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}){at}: a graded function must return, not end the program"
+    text = _one_line(exc)
+    return f"raised {type(exc).__name__}{f': {text}' if text else ''}{at}"
+
+
+def raised_at(exc: BaseException, workspace: Path) -> str:
+    """Where student code raised `exc` (or the exception that caused it): "myamp/backward.py:12", "" if not theirs.
+
+    The innermost exception of the chain that passed through the workspace's files, its deepest frame there.
+    """
+    for e in reversed(_chain(exc)):
+        where = student_line(traceback.extract_tb(e.__traceback__), workspace)
+        if where:
+            return where
+    return ""
+
+
+def student_line(frames: Iterable[traceback.FrameSummary], workspace: Path) -> str:
+    """The last of `frames` in a file inside `workspace`, as "myamp/backward.py:12" ("" if none is)."""
+    root = Path(workspace).resolve()
+    found = ""
+    for frame in frames:
+        try:
+            relative = Path(frame.filename).resolve().relative_to(root)
+        except (OSError, ValueError):  # a file elsewhere (the grader, numpy), or "<string>"
+            continue
+        found = f"{relative.as_posix()}:{frame.lineno}"
+    return found
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc`, then what caused it, then what caused that...: outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _first_line(graded: Any) -> int:
+    try:
+        return inspect.getsourcelines(graded)[1]
+    except (OSError, TypeError):
+        return 0
+
+
+def preload(exercises: Iterable[Exercise]) -> None:
+    """Import hypothesis and the graders of `exercises` (tinyamp's code only): child processes start with them."""
+    import tinyamp.testing.counterexamples  # noqa: F401
+
+    for module in dict.fromkeys(e.module for e in exercises):
+        importlib.import_module(f"tinyamp.exercises.graders.{module}")
+
+
 def assert_passes(exercise_id: str, workspace: Path) -> None:
-    """For the workspace's pytest file: fail the test with the grader's sentence unless the exercise passes."""
+    """For the workspace's pytest file: fail the test with the grader's sentence unless the exercise passes.
+
+    It grades as ``tinyamp exercises check`` does: in a child process, on a copy of the workspace.
+    """
     import pytest
 
+    from tinyamp.exercises.isolation import grade_isolated
+
     exercise = find(exercise_id)
-    result = grade(exercise, Path(workspace))
+    result = next(grade_isolated([exercise], Path(workspace)))
     if result.status == NOT_STARTED:
         pytest.fail(f"Exercise {exercise.number} is not started: {exercise.first_steps}", pytrace=False)
     if result.status == FAILED:
@@ -95,6 +181,12 @@ def load(exercise: Exercise, workspace: Path) -> Any:
             f"{exercise.path}; the grader grades the code there"
         )
     source = path.read_text()
+    dynamic = dynamic_access(source, exercise.name)
+    if dynamic:
+        raise NotTheirs(
+            f"{exercise.name} reaches a name the grader cannot follow ({dynamic}): Exercise {exercise.number} must "
+            f"not use {', '.join(exercise.forbidden)}, so the grader reads every name you use: write them directly"
+        )
     used = sorted(name for name in tinyamp_names_used(source, exercise.name) if _forbidden(name, exercise.forbidden))
     if used:
         raise NotTheirs(
@@ -103,6 +195,11 @@ def load(exercise: Exercise, workspace: Path) -> Any:
         )
     if exercise.no_float16_casts:
         cast = float16_conversion(source, exercise.name)
+        if cast.endswith("<a dtype not written by name>)"):
+            raise NotTheirs(
+                f"{exercise.name} converts to a dtype the grader cannot read ({cast}): Exercise {exercise.number} "
+                "forbids NumPy's conversion to float16, so write every dtype by name (np.uint32, 'float32')"
+            )
         if cast:
             raise NotTheirs(
                 f"{exercise.name} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
@@ -129,82 +226,6 @@ def _fresh_import(workspace: Path, module: str) -> Any:
 
 def _forbidden(name: str, forbidden: tuple[str, ...]) -> bool:
     return any(name == f or name.startswith(f + ".") for f in forbidden)
-
-
-def _graded_node(tree: ast.Module, name: str) -> ast.AST:
-    """The top-level definition of `name` (the whole module when it is bound some other way)."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return node
-    return tree
-
-
-def tinyamp_names_used(source: str, name: str) -> set[str]:
-    """The dotted tinyamp names the definition of `name` refers to, through the module's imports and aliases.
-
-    ``import tinyamp as ta`` then ``ta.amp.LossScaler(...)`` gives "tinyamp.amp.LossScaler";
-    ``from tinyamp.rounding import round_to_float16`` then a call gives "tinyamp.rounding.round_to_float16".
-    """
-    tree = ast.parse(source)
-    aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    used = set()
-    for node in ast.walk(_graded_node(tree, name)):
-        dotted = _dotted(node)
-        if dotted is None:
-            continue
-        root, _, rest = dotted.partition(".")
-        full = aliases.get(root, root) + (f".{rest}" if rest else "")
-        if full.startswith("tinyamp"):
-            used.add(full)
-    return used
-
-
-def _dotted(node: ast.AST) -> str | None:
-    """ "a.b.c" for the expression a.b.c (a Name or an Attribute chain on one), else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
-
-
-FLOAT16_NAMES = {"float16", "half", "f2", "e", "<f2", "=f2"}
-
-
-def _names_float16(node: ast.AST | None) -> bool:
-    if isinstance(node, ast.Constant):
-        return node.value in FLOAT16_NAMES
-    dotted = _dotted(node) if node is not None else None
-    return dotted is not None and dotted.split(".")[-1] in ("float16", "half")
-
-
-def float16_conversion(source: str, name: str) -> str:
-    """The first NumPy conversion to float16 in the definition of `name`, as "line 12: astype(float16)" ("" if none).
-
-    ``astype(np.float16)``, ``np.float16(x)``, and any call with ``dtype=np.float16``; a
-    ``.view(np.float16)`` only reinterprets bits and is allowed.
-    """
-    for node in ast.walk(_graded_node(ast.parse(source), name)):
-        if not isinstance(node, ast.Call):
-            continue
-        func = _dotted(node.func) or ""
-        last = func.split(".")[-1] if func else getattr(node.func, "attr", "")
-        if last in ("float16", "half"):
-            return f"line {node.lineno}: {last}(...)"
-        if last == "astype" and node.args and _names_float16(node.args[0]):
-            return f"line {node.lineno}: astype(float16)"
-        if any(k.arg == "dtype" and _names_float16(k.value) for k in node.keywords):
-            return f"line {node.lineno}: dtype=float16"
-    return ""
 
 
 def _one_line(exc: BaseException) -> str:

@@ -10,10 +10,11 @@ DIR/
 
 from __future__ import annotations
 
+import ast
 from importlib import resources
 from pathlib import Path
 
-from tinyamp.exercises.catalog import EXERCISES, PACKAGE
+from tinyamp.exercises.catalog import EXERCISES, PACKAGE, Exercise
 
 MODULES = tuple(dict.fromkeys(e.module for e in EXERCISES))  # in the order of the tutorials
 
@@ -103,14 +104,18 @@ def readme(solutions: bool) -> str:
 
 {what}
 
+    tinyamp exercises list .             # the exercises, and how far each is here
     tinyamp exercises check              # every exercise: passed / not started / failed, and why
     tinyamp exercises check --only 5.1   # one exercise
     tinyamp exercises check --deep       # ten times as many hypothesis examples
     pytest -m ex5_1                      # the same grader, as a pytest test
 
 A failure names the shortest counterexample the grader found, in words ("after 3 clean steps
-and 1 overflow your scale is 2048, the pytorch rule says 1024"). The graders check that the
-code they grade is yours: importing tinyamp's own implementation of the mechanism fails.
+and 1 overflow your scale is 2048, the pytorch rule says 1024"), and your line: where your code
+raised, or the definition that gave the wrong value. The graders check that the code they
+grade is yours: importing tinyamp's own implementation of the mechanism fails. Each exercise
+is graded in a process of its own on a copy of this folder, with a time limit (60 s,
+`--timeout SECONDS`): an exit, an endless loop or a deleted file fails that exercise only.
 
 | # | marker | exercise | where | read (in the tinyamp repository) |
 |---|---|---|---|---|
@@ -120,3 +125,38 @@ code they grade is yours: importing tinyamp's own implementation of the mechanis
 
 def _snake(name: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+def progress(exercise: Exercise, workspace: Path) -> str:
+    """How far the student's file is, read without running it: "not started", "in progress", "written", or worse.
+
+    "not started": the definition is the stub's, word for word; "in progress": it changed but still
+    raises NotImplementedError somewhere; "written": no NotImplementedError left (``check`` says if it
+    is right); "missing": no such file or definition; "syntax error": the file does not parse.
+    """
+    path = Path(workspace) / exercise.path
+    if not path.is_file():
+        return "missing"
+    try:
+        tree = ast.parse(path.read_text())
+    except (SyntaxError, ValueError, UnicodeDecodeError):
+        return "syntax error"
+    mine = _definition(tree, exercise.name)
+    if mine is None:
+        return "missing"
+    stub_source = resources.files("tinyamp.exercises").joinpath(f"template/{exercise.module}.py").read_text()
+    stub = _definition(ast.parse(stub_source), exercise.name)
+    if stub is not None and ast.dump(mine) == ast.dump(stub):
+        return "not started"
+    raises = any(
+        isinstance(node, ast.Raise) and "NotImplementedError" in ast.dump(node.exc or ast.Pass())
+        for node in ast.walk(mine)
+    )
+    return "in progress" if raises else "written"
+
+
+def _definition(tree: ast.Module, name: str) -> ast.AST | None:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+    return None

@@ -33,7 +33,8 @@ class SoftmaxWithYourBackward(Function):
 
     def backward(self, g: Any) -> tuple[Any]:
         (y,) = self.saved
-        return (self.yours(y.copy(), g.copy(), self.axis),)  # copies: a backward that writes in place harms no one
+        # copies: a backward that writes in place harms no one
+        return (returned(self.yours(y.copy(), g.copy(), self.axis), y, "softmax_backward"),)
 
 
 class LogSoftmaxWithYourBackward(Function):
@@ -47,7 +48,7 @@ class LogSoftmaxWithYourBackward(Function):
 
     def backward(self, g: Any) -> tuple[Any]:
         (y,) = self.saved
-        return (self.yours(y.copy(), g.copy(), self.axis),)
+        return (returned(self.yours(y.copy(), g.copy(), self.axis), y, "log_softmax_backward"),)
 
 
 class LayerNormWithYourBackward(Function):
@@ -63,7 +64,15 @@ class LayerNormWithYourBackward(Function):
 
     def backward(self, g: Any) -> tuple[Any]:
         xhat, rstd = self.saved
-        return (self.yours(xhat.copy(), rstd.copy(), g.copy()),)
+        return (returned(self.yours(xhat.copy(), rstd.copy(), g.copy()), xhat, "layer_norm_backward"),)
+
+
+def returned(grad: Any, like: np.ndarray, name: str) -> Any:
+    """The student's gradient, if it is an array of the shape and dtype of `like`; TypeError in words if not."""
+    if not isinstance(grad, np.ndarray) or grad.shape != like.shape or grad.dtype != like.dtype:
+        what = f"{type(grad).__name__} {getattr(grad, 'dtype', '')} {getattr(grad, 'shape', '')}".rstrip()
+        raise TypeError(f"your {name} returned {what}: return dL/dx, a {like.dtype} array of shape {like.shape}")
+    return grad
 
 
 @st.composite

@@ -33,7 +33,8 @@ def blocks(weights: list[tuple[Tensor, Tensor]]) -> Callable[[Tensor], Tensor]:
 
 @st.composite
 def segment_cases(draw: Any) -> dict[str, Any]:
-    """A segment of 1 to 4 blocks of width 1 to 4 on a batch of 1 to 3 rows, float32; maybe W0 used outside it too."""
+    """A segment of 1 to 4 blocks of width 1 to 4 on a batch of 1 to 3 rows, float32; maybe W0 used outside it
+    too; maybe two forward and backward passes, whose gradients add up in .grad (gradient accumulation)."""
     depth, width, batch = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
     values = st.floats(-1.0, 1.0, width=32)
     return dict(
@@ -42,6 +43,7 @@ def segment_cases(draw: Any) -> dict[str, Any]:
         biases=[draw(hnp.arrays(np.float32, (width,), elements=values)) for _ in range(depth)],
         x_requires_grad=draw(st.booleans()),
         w0_outside=draw(st.booleans()),
+        twice=draw(st.booleans()),
     )
 
 
@@ -52,11 +54,12 @@ def run(case: dict[str, Any], checkpoint_segment: Checkpoint | None) -> tuple[An
                                                                                          case["biases"])]  # fmt: skip
     params = [t for pair in pairs for t in pair]
     segment = blocks(pairs)
-    out = segment(x) if checkpoint_segment is None else checkpoint_segment(segment, x, params)
-    loss = (out * 0.75).sum()
-    if case["w0_outside"]:  # W0 also used outside the segment: its two gradients meet
-        loss = loss + (pairs[0][0] * 0.5).sum()
-    loss.backward()
+    for _ in range(2 if case["twice"] else 1):  # the second backward finds every .grad already holding one
+        out = segment(x) if checkpoint_segment is None else checkpoint_segment(segment, x, params)
+        loss = (out * 0.75).sum()
+        if case["w0_outside"]:  # W0 also used outside the segment: its two gradients meet
+            loss = loss + (pairs[0][0] * 0.5).sum()
+        loss.backward()
     grads = {"x": x.grad} if case["x_requires_grad"] else {}
     for i, (w, b) in enumerate(pairs):
         grads[f"W{i}"], grads[f"b{i}"] = w.grad, b.grad
@@ -66,6 +69,7 @@ def run(case: dict[str, Any], checkpoint_segment: Checkpoint | None) -> tuple[An
 def _describe(case: dict[str, Any]) -> str:
     depth, (batch, width) = len(case["weights"]), case["x"].shape
     extra = ", W0 also used outside the segment" if case["w0_outside"] else ""
+    extra += ", two forward and backward passes (the gradients add up in .grad)" if case["twice"] else ""
     return (f"for {depth} block{'s' if depth > 1 else ''} tanh(linear(h)) of width {width} on x of shape "
             f"({batch}, {width}), x requiring grad: {case['x_requires_grad']}{extra}")  # fmt: skip
 

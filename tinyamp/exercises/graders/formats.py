@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tinyamp.amp import formats
 from tinyamp.testing import check_rounding
-from tinyamp.testing.counterexamples import check_settings, number
+from tinyamp.testing.counterexamples import blamed, check_settings, number
 from tinyamp.testing.strategies import format_values, rounding_inputs
 
 
@@ -21,36 +21,65 @@ def grade_round_to_float16(round_to_float16: Callable[[np.ndarray], np.ndarray],
     check_rounding(round_to_float16, "float16", max_examples=examples)
 
 
+# x just below a tie that float32 would round onto: rounded once, 2047.5 - 2^-30 is 2047 (ulp 1), but through
+# float32 it is 2047.5, which ties to 2048 (ulp 2); 65520 - 2^-30 is 65504 (ulp 32), through float32 it is inf
+DOUBLE_ROUNDINGS = (2047.5 - 2.0**-30, -(2047.5 - 2.0**-30), 65520 - 2.0**-30)
+
+
 def grade_float16_ulp(float16_ulp: Callable[[float], float], examples: int) -> None:
-    """The gap from |x| rounded to float16 to the next larger float16 magnitude; ValueError beyond float16's range."""
+    """The gap from |x| rounded to float16 to the next larger float16 magnitude; ValueError beyond float16's range.
+
+    Drawn x (and x just below a tie, where rounding through float32 first differs), then every
+    float16 value, exhaustively: 63,488 finite values and 2,048 infinities and NaNs.
+    """
 
     @check_settings(examples)
     @given(x=format_values("float16") | rounding_inputs("float16") | st.floats(-7e4, 7e4))
+    @example(x=DOUBLE_ROUNDINGS[0])
+    @example(x=DOUBLE_ROUNDINGS[1])
+    @example(x=DOUBLE_ROUNDINGS[2])
     def ulp_is_the_gap_above(x: float) -> None:
-        with np.errstate(over="ignore"):
-            v = float(np.float16(x))
-        finite = math.isfinite(v)
-        about = f"for x = {number(x)} ({number(v)} in float16)"
-        try:
-            got = float16_ulp(x)
-        except NotImplementedError:
-            raise
-        except ValueError as exc:
-            if finite:
-                raise AssertionError(f"{about} yours raised ValueError ({exc}); it has an ulp") from None
-            return
-        except Exception as exc:
-            raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
-        if not finite:
-            raise AssertionError(f"{about} yours returns {got!r}: x is not finite in float16, raise ValueError")
-        expected = formats.ulp(x, "float16")
-        if not isinstance(got, (int, float, np.floating)) or float(got) != expected:
-            raise AssertionError(
-                f"{about}, a {formats.classify(v, 'float16')} value, yours gives {_shown(got)}; the ulp is "
-                f"{number(expected)}: the gap from {number(abs(v))} to the next larger float16 magnitude"
-            )
+        ulp_at(float16_ulp, x)
 
     ulp_is_the_gap_above()
+    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+    finite = np.isfinite(every)
+    magnitude = np.abs(np.where(finite, every, 1.0))
+    gaps = np.where(magnitude < 2.0**-14, 2.0**-24, np.ldexp(1.0, np.frexp(magnitude)[1] - 11))  # 2^(k-10)
+    for x, is_finite, gap in zip(every.tolist(), finite.tolist(), gaps.tolist()):
+        try:
+            right = is_finite and float16_ulp(x) == gap
+        except Exception:  # ValueError is right only where x is not finite; ulp_at says which it is
+            right = False
+        if not right:
+            ulp_at(float16_ulp, x)  # raises the AssertionError in words, or returns: the ValueError was right
+
+
+def ulp_at(float16_ulp: Callable[[float], float], x: float) -> None:
+    """AssertionError in words unless float16_ulp(x) is the ulp of x rounded to float16 (ValueError if not finite)."""
+    with np.errstate(over="ignore"):
+        v = float(np.float16(x))
+    finite = math.isfinite(v)
+    about = f"for x = {number(x)} ({number(v)} in float16)"
+    try:
+        got = float16_ulp(x)
+    except NotImplementedError:
+        raise
+    except ValueError as exc:
+        if finite:
+            raise AssertionError(f"{about} yours raised ValueError ({exc}); it has an ulp") from None
+        return
+    except Exception as exc:
+        raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
+    if not finite:
+        raise AssertionError(f"{about} yours returns {got!r}: x is not finite in float16, raise ValueError")
+    expected = formats.ulp(x, "float16")
+    if not isinstance(got, (int, float, np.floating)) or float(got) != expected:
+        raise AssertionError(
+            f"{about}, a {formats.classify(v, 'float16')} value, yours gives {_shown(got)}; the ulp is "
+            f"{number(expected)}: the gap from {number(abs(v))} to the next larger float16 magnitude (round x "
+            "to float16 once, directly)"
+        )
 
 
 def _shown(value: Any) -> str:
@@ -107,6 +136,25 @@ def grade_fp16_matmul(fp16_matmul: Callable[[np.ndarray, np.ndarray], np.ndarray
             )
 
     one_rounding_per_output()
+    a, b = FLOAT32_MUST_ROUND
+    with blamed(f"for a = {_values(a[0])} and b = {_values(b[:, 0])} (float16), yours"):
+        got = fp16_matmul(a.copy(), b.copy())
+    shaped = isinstance(got, np.ndarray) and got.dtype == np.float16 and got.shape == (1, 1)
+    if not (shaped and got[0, 0] == 1):
+        raise AssertionError(
+            f"for a = [[1, 2^-11, 2^-15]] and b = [[1], [1], [2^-15]] (float16) yours gives "
+            f"{number(got[0, 0]) if shaped else repr(got)}, expected 1: the "
+            "products 1, 2^-11 and 2^-30 are exact in float32, but their sum needs 31 bits; float32 rounds it to "
+            "1 + 2^-11, halfway between the float16 neighbours 1 and 1 + 2^-10, and the tie goes to the even one, 1 "
+            "(the sums must be float32: a float64 sum keeps the 2^-30 and rounds up)"
+        )
+
+
+# one output whose float32 sum rounds: 1 + 2^-11 + 2^-30 is 1 + 2^-11 in float32 (in any order), a float16 tie
+FLOAT32_MUST_ROUND = (
+    np.array([[1.0, 2.0**-11, 2.0**-15]], np.float16),
+    np.array([[1.0], [1.0], [2.0**-15]], np.float16),
+)
 
 
 def _values(v: np.ndarray) -> str:

@@ -10,17 +10,42 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tinyamp.amp import LossScaler
 from tinyamp.testing import check_scaler, check_skip
-from tinyamp.testing.counterexamples import check_settings, number
+from tinyamp.testing.counterexamples import blamed, check_settings, flags_in_words, number
 from tinyamp.testing.strategies import multiples_of_smallest_subnormal, shapes
 
 REFERENCES = ("pytorch", "jmp")  # float32 scales both; jmp adds a floor
 
 
+# neither preset has a ceiling, so max_scale is checked on its own: growths that reach it, pass it by a
+# factor of 4, and land on a ceiling that is not a power of two; an overflow in between
+CEILINGS = (
+    dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=1, max_scale=3000.0),
+    dict(init_scale=2.0**10, growth_factor=4.0, backoff_factor=0.5, growth_interval=2, max_scale=2.0**13),
+)
+CEILING_FLAGS = (False, False, False, False, True, False, False, False)
+
+
 def grade_dynamic_loss_scaler(scaler_class: type, examples: int) -> None:
-    """Step by step against the pytorch preset, then the jmp preset (settings drawn by scaler_settings)."""
+    """Step by step against the pytorch preset, then the jmp preset (settings drawn by scaler_settings); then
+    the ceiling, max_scale, which neither preset has, against the pytorch rule with that ceiling."""
     for reference in REFERENCES:
         check_scaler(lambda **settings: scaler_class(**settings), reference, max_examples=examples)
+    for settings in CEILINGS:
+        reference = LossScaler.preset("pytorch", **settings)
+        with blamed(f"with settings {settings}, your DynamicLossScaler"):
+            yours = scaler_class(min_scale=None, **settings)
+        for step, found_inf in enumerate(CEILING_FLAGS, 1):
+            reference.update(found_inf)
+            with blamed(f"with settings {settings}, at step {step}, your update({found_inf})"):
+                yours.update(found_inf)
+            if float(yours.scale) != reference.scale:
+                raise AssertionError(
+                    f"after {flags_in_words(list(CEILING_FLAGS[:step]))} your scale is {number(yours.scale)}, "
+                    f"the rule says {number(reference.scale)} (settings: {settings}): a grown scale above max_scale "
+                    "is lowered to max_scale"
+                )
 
 
 def grade_skip_or_step(skip_or_step: Callable[[Any, float], bool], examples: int) -> None:
@@ -41,35 +66,47 @@ def gradients_and_exponents(draw: Any) -> tuple[np.ndarray, int]:
 
 
 def grade_scaling_is_exact(scaling_is_exact: Callable[[np.ndarray, int], np.ndarray], examples: int) -> None:
-    """Against the round trip itself: float16(g * 2^k) is exactly g * 2^k (then unscaling gives g back)."""
+    """Against the round trip itself: float16(g * 2^k) is exactly g * 2^k (then unscaling gives g back).
+
+    Drawn (g, k), then exhaustively: every finite float16 value, for every k from -30 to 30.
+    """
 
     @check_settings(examples)
     @given(case=gradients_and_exponents())
     def exact_where_the_round_trip_gives_g_back(case: tuple[np.ndarray, int]) -> None:
-        g, k = case
-        exact64 = g.astype(np.float64) * 2.0**k
-        with np.errstate(over="ignore"):
-            scaled = exact64.astype(np.float16)
-        expected = np.isfinite(scaled) & (scaled.astype(np.float64) == exact64)
-        about = f"for g = {np.array2string(g, separator=', ')} (float16) and k = {k} (S = 2^{k})"
-        try:
-            got = scaling_is_exact(g.copy(), k)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(got, np.ndarray) or got.shape != g.shape or got.dtype != np.bool_:
-            raise AssertionError(f"{about} return a bool array of shape {g.shape}; yours returned {got!r}")
-        if np.array_equal(got, expected):
-            return
-        i = int(np.flatnonzero(got != expected)[0])
-        x, y = float(g.reshape(-1)[i]), float(scaled.reshape(-1)[i])
-        why = (f"g * S = {number(exact64.reshape(-1)[i])} is a float16 value: scaling and unscaling only move the "
-               "exponent" if expected.reshape(-1)[i] else f"g * S = {number(exact64.reshape(-1)[i])} is not a float16 "
-               f"value: it rounds to {number(y)}")  # fmt: skip
-        raise AssertionError(
-            f"{about}: at g.flat[{i}] = {number(x)} yours says {'exact' if got.reshape(-1)[i] else 'not exact'}, "
-            f"but {why}"
-        )
+        exact_at(scaling_is_exact, *case)
 
     exact_where_the_round_trip_gives_g_back()
+    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    every = every[np.isfinite(every)]  # 63,488 values
+    for k in range(-30, 31):
+        exact_at(scaling_is_exact, every, k, f"every finite float16 value g (63,488 of them) and k = {k} (S = 2^{k})")
+
+
+def exact_at(scaling_is_exact: Callable[[np.ndarray, int], np.ndarray], g: np.ndarray, k: int, about: str = "") -> None:
+    """AssertionError in words unless scaling_is_exact(g, k) is True exactly where float16(g * 2^k) == g * 2^k."""
+    exact64 = g.astype(np.float64) * 2.0**k
+    with np.errstate(over="ignore"):
+        scaled = exact64.astype(np.float16)
+    expected = np.isfinite(scaled) & (scaled.astype(np.float64) == exact64)
+    about = about or f"g = {np.array2string(g, separator=', ')} (float16) and k = {k} (S = 2^{k})"
+    try:
+        got = scaling_is_exact(g.copy(), k)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"for {about} yours raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(got, np.ndarray) or got.shape != g.shape or got.dtype != np.bool_:
+        what = f"{type(got).__name__} {getattr(got, 'dtype', '')} {getattr(got, 'shape', '')}"
+        raise AssertionError(f"for {about} return a bool array of shape {g.shape}; yours returned {what}")
+    if np.array_equal(got, expected):
+        return
+    i = int(np.flatnonzero(got != expected)[0])
+    x, y = float(g.reshape(-1)[i]), float(scaled.reshape(-1)[i])
+    why = (f"g * S = {number(exact64.reshape(-1)[i])} is a float16 value: scaling and unscaling only move the "
+           "exponent" if expected.reshape(-1)[i] else f"g * S = {number(exact64.reshape(-1)[i])} is not a float16 "
+           f"value: it rounds to {number(y)}")  # fmt: skip
+    raise AssertionError(
+        f"for {about}: at g.flat[{i}] = {number(x)} yours says {'exact' if got.reshape(-1)[i] else 'not exact'}, "
+        f"but {why}"
+    )

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from tinyamp.amp import formats
 from tinyamp.testing import check_master_step
-from tinyamp.testing.counterexamples import check_settings, number
+from tinyamp.testing.counterexamples import blamed, check_settings, number
+from tinyamp.testing.master_step import reference_master_step
 from tinyamp.testing.strategies import format_values
 
 
@@ -63,16 +64,37 @@ def grade_update_is_lost(update_is_lost: Callable[[float, float], bool], example
             total = float(np.float32(weight) + np.float32(update))
             direction = 1.0 if update > 0 else -1.0
             rounded = float(formats.round_to(total, "float16"))
+            tie = abs(total - weight) == half_gap(weight, direction)
             raise AssertionError(
                 f"{about} yours says {got!r}, expected {expected}: the float32 sum {number(total)} rounds to "
                 f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
-                f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; a tie goes to "
-                "the even neighbour)"
-            )
+                f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; "
+                + ("the sum is exactly halfway: a tie, which goes to the even neighbour)" if tie else "a tie goes "
+                   "to the even neighbour)")
+            )  # fmt: skip
 
     lost_exactly_when_rounding_gives_the_weight_back()
 
 
+# a step whose float32 arithmetic shows: float32(1e-4) * 1.5 rounds to 1.4999999e-4 in float32, while the
+# float64 step 1.5e-4 rounds (once, at the end) to 1.5000001e-4
+FLOAT32_STEP = (np.zeros(1, np.float16), np.zeros(1, np.float32), np.array([1.5], np.float16), 1e-4)
+
+
 def grade_master_step(master_step: Callable[..., Any], examples: int) -> None:
-    """Bit for bit against MasterWeights(SGD): the update in float32, the round back, the lost updates counted."""
+    """Bit for bit against MasterWeights(SGD): the update in float32, the round back, the lost updates counted;
+    drawn steps, then one whose float32 product and float64 product round to different float32 values."""
     check_master_step(master_step, max_examples=examples)
+    w16, master, grad16, lr = FLOAT32_STEP
+    about = f"for w16 = [0], master = [0], grad16 = [1.5] and lr = {lr!r}"
+    with blamed(f"{about}, your master_step"):
+        new_w16, new_master, _ = master_step(w16.copy(), master.copy(), grad16.copy(), lr)
+    expected = reference_master_step(w16, master, grad16, lr)[1]
+    if not isinstance(new_master, np.ndarray) or new_master.dtype != np.float32 or new_master.shape != (1,):
+        raise AssertionError(f"{about}: your new master must be a float32 array of shape (1,); it is {new_master!r}")
+    if new_master.view(np.uint32)[0] != expected.view(np.uint32)[0]:
+        raise AssertionError(
+            f"{about}: your new master[0] is {number(new_master[0])}, expected {number(expected[0])}: master - "
+            f"float32(lr) * widened grad16, computed in float32: float32(lr) is {number(np.float32(lr))} and the "
+            "product is rounded to float32 before the subtraction (a float64 step rounds once, to another float32)"
+        )

@@ -15,8 +15,9 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
 
     Task: return the float16 array nearest to `x` (a 1-D float32 array): bit for bit what
     ``x.astype(np.float16)`` gives, but without NumPy's conversion to float16 (no
-    ``astype(np.float16)``, no ``np.float16(v)``, no ``dtype=np.float16``: the grader
-    refuses them).  Build the float16 bits yourself and ``.view(np.float16)`` them.
+    ``astype(np.float16)``, no ``np.float16(v)``, no ``dtype=np.float16``, however spelled:
+    the grader refuses them, and a dtype not written by name).  Build the float16 bits
+    yourself and ``.view(np.float16)`` them.
 
     Math: adding |x| to a much larger B rounds |x| to the ulp of B.  For 2^E <= |x| < 2^(E+1)
     float16's ulp is 2^(E-10), and float32's ulp at B = 2^(E+13) is 2^(E+13-23): the same, so

@@ -17,7 +17,7 @@ def update_is_lost(weight: float, update: float) -> bool:
     An optimizer adds them in float32 and rounds the sum once to float16; return True when
     that gives `weight` back and the update is not 0.  Decide it with the gaps between
     float16 values, not by rounding: no conversion to float16 (``np.float16(v)``,
-    ``astype(np.float16)``, ``dtype=np.float16``), the grader refuses it.
+    ``astype(np.float16)``, ``dtype=np.float16``, however spelled), the grader refuses it.
 
     Math: let d = float32(weight + update) - weight, what the sum moved.  The sum rounds back
     to w when |d| is below half the gap from w to its neighbour *in the direction of d*; at

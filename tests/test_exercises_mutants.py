@@ -1,0 +1,615 @@
+"""Wrong solutions a careful student plausibly writes, one rule broken in each, and the grade each gets.
+
+Each mutant is the reference solution with one edit: a rule of the stub's docstring broken,
+a parameter ignored, float64 or float16 where float32 is stated, a loop that stops early, or
+the conversion (or tinyamp's own implementation) the exercise forbids reached through
+``getattr``, ``importlib``, ``__import__``, a helper or an alias.  Each is written into a
+workspace and graded as ``tinyamp exercises check`` grades it (the default, deterministic
+examples): it must fail, with a reason that names the rule it broke.
+
+Covered: every exercise (1.1 to 9.1).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tinyamp.exercises.catalog import PACKAGE, find
+from tinyamp.exercises.grading import FAILED, grade
+from tinyamp.exercises.workspace import write_workspace
+
+pytestmark = pytest.mark.cli
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORTLIB = "import importlib\n"
+
+# (exercise, what is wrong, the text of the reference solution replaced, its replacement, the reason's pattern)
+MUTANTS: list[tuple[str, str, str, str, str]] = [
+    # ---- 1.1 round_to_float16 ----------------------------------------------------------------------------------------
+    (
+        "ex1_1",
+        "the sign dropped",
+        "return (bits | sign)",
+        "return (bits | 0 * sign)",
+        r"for x = -.* yours gives (?!-).*; float16 rounds it to -",
+    ),
+    (
+        "ex1_1",
+        "NaN becomes inf",
+        "bits = np.where(np.isnan(x), 0x7E00, bits)",
+        "pass",
+        r"for x = nan .* a NaN, yours gives 0; float16 rounds it to nan",
+    ),
+    (
+        "ex1_1",
+        "overflow from 65504 up",
+        "magnitude >= 65520",
+        "magnitude > 65504",
+        r"beyond the largest float16 value 65504 \(the overflow threshold is halfway",
+    ),
+    (
+        "ex1_1",
+        "subnormals flushed to 0",
+        "normal, subnormal)",
+        "normal, 0)",
+        r"yours gives 0; float16 rounds it to \S+e-0[5-8]",
+    ),
+    (
+        "ex1_1",
+        "the addition in float64",
+        "rounded = (magnitude + big) - big",
+        "rounded = ((magnitude.astype(np.float64) + big) - big).astype(np.float32)",
+        r"just above halfway between the float16 neighbours .* \(to nearest, ties to even\)",
+    ),
+    (
+        "ex1_1",
+        "B one power of two too small",
+        "np.maximum(e - 1, -14) + 13",
+        "np.maximum(e - 1, -14) + 12",
+        r"halfway between the float16 neighbours .* \(to nearest, ties to even\)",
+    ),
+    (
+        "ex1_1",
+        "the subnormal B ignored",
+        "np.maximum(e - 1, -14) + 13",
+        "(e - 1) + 13",
+        r"halfway between the float16 neighbours \S+e-0[5-8] and",
+    ),
+    (
+        "ex1_1",
+        "float16 through getattr",
+        "magnitude = np.abs(x)",
+        "return x.astype(getattr(np, 'float16'))",
+        r"converts to float16 with NumPy \(line \d+: astype\(float16\)\)",
+    ),
+    (
+        "ex1_1",
+        "float16 through a computed name",
+        "magnitude = np.abs(x)",
+        "return x.astype(getattr(np, 'float' + str(16)))",
+        r"reaches a name the grader cannot follow \(line \d+: getattr with a computed",
+    ),
+    (
+        "ex1_1",
+        "float16 through a dtype in a variable",
+        "magnitude = np.abs(x)",
+        "d = 'float' + '16'\n    return x.astype(d)",
+        r"converts to a dtype the grader cannot read \(line \d+: astype\(<a dtype",
+    ),
+    (
+        "ex1_1",
+        "float16 positional in np.asarray",
+        "magnitude = np.abs(x)",
+        "return np.asarray(x, np.float16)",
+        r"converts to float16 with NumPy \(line \d+: asarray\(\.\.\., float16\)\)",
+    ),
+    (
+        "ex1_1",
+        "float16 through a helper",
+        "magnitude = np.abs(x)",
+        "return _to16(x)\n\n\ndef _to16(v):\n    return v.astype(np.float16)\n\n\n"
+        "def _unused(x):\n    magnitude = np.abs(x)",
+        r"converts to float16 with NumPy \(line \d+: astype\(float16\)\)",
+    ),
+    (
+        "ex1_1",
+        "float16 through a module alias",
+        "magnitude = np.abs(x)",
+        "return x.astype(HALF)\n\n\nHALF = np.float16\n\n\ndef _unused(x):\n    magnitude = np.abs(x)",
+        r"converts to a dtype the grader cannot read|converts to float16 with NumPy",
+    ),
+    (
+        "ex1_1",
+        "tinyamp's rounding through importlib",
+        "magnitude = np.abs(x)",
+        "return __import__('importlib').import_module('tinyamp.rounding').round_to_float16(x)",
+        r"uses tinyamp\.rounding, tinyamp's own version of what Exercise 1\.1",
+    ),
+    (
+        "ex1_1",
+        "tinyamp's rounding through __import__",
+        "magnitude = np.abs(x)",
+        "return __import__('tinyamp.rounding', fromlist=['r']).round_to_float16(x)",
+        r"uses tinyamp\.rounding, tinyamp's own version of what Exercise 1\.1",
+    ),
+    # ---- 1.2 float16_ulp ---------------------------------------------------------------------------------------------
+    (
+        "ex1_2",
+        "x not rounded to float16 first",
+        "v = abs(float(np.float16(x)))",
+        "v = abs(float(x))",
+        r"\(round x to float16 once, directly\)",
+    ),
+    (
+        "ex1_2",
+        "inf returned instead of ValueError",
+        'raise ValueError(f"{x!r} is not finite in float16: it has no ulp")',
+        "return math.inf",
+        r"yours returns inf: x is not finite in float16, raise ValueError",
+    ),
+    (
+        "ex1_2",
+        "the subnormal ulp only at 0",
+        "if v < 2.0**-14:",
+        "if v == 0:",
+        r"a subnormal value, yours gives 2\^-\d+; the ulp is 2\^-24",
+    ),
+    (
+        "ex1_2",
+        "the exponent off by one",
+        "return 2.0 ** (k - 10)",
+        "return 2.0 ** (k - 11)",
+        r"a normal value, yours gives .*; the ulp is .*: the gap from .* to the next larger float16",
+    ),
+    (
+        "ex1_2",
+        "rounded through float32 first",
+        "v = abs(float(np.float16(x)))",
+        "v = abs(float(np.float16(np.float32(x))))",
+        r"for x = -?(2047\.4999|65519\.9999).* once, directly",
+    ),
+    (
+        "ex1_2",
+        "tinyamp's ulp through importlib",
+        'with np.errstate(over="ignore"):\n        v = abs',
+        "return __import__('importlib').import_module('tinyamp.amp.formats').ulp(x, 'float16')\n    with "
+        'np.errstate(over="ignore"):\n        v = abs',
+        r"uses tinyamp\.amp\.formats, tinyamp's own version of what Exercise 1\.2",
+    ),
+    (
+        "ex1_2",
+        "tinyamp's ulp through getattr",
+        'with np.errstate(over="ignore"):\n        v = abs',
+        "import tinyamp.amp\n    return getattr(tinyamp.amp, 'formats').ulp(x, 'float16')\n    with "
+        'np.errstate(over="ignore"):\n        v = abs',
+        r"uses tinyamp\.amp\.formats, tinyamp's own version of what Exercise 1\.2",
+    ),
+    # ---- 1.3 fp16_matmul ---------------------------------------------------------------------------------------------
+    (
+        "ex1_3",
+        "sums in float64",
+        "return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)",
+        "return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)",
+        r"float32 rounds it to 1 \+ 2\^-11, halfway .*\(the sums must be float32: a float64 sum keeps",
+    ),
+    (
+        "ex1_3",
+        "sums in float16",
+        "return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)",
+        "out = np.zeros((a.shape[0], b.shape[1]), np.float16)\n    for k in range(a.shape[1]):\n        out = out + "
+        "a[:, k:k + 1] * b[k:k + 1, :]\n    return out",
+        r"your \[\d, \d\] is .*; the exact sum of products is .*sum in float32, round at the end",
+    ),
+    (
+        "ex1_3",
+        "a loop that stops one product early",
+        "return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)",
+        "out = np.zeros((a.shape[0], b.shape[1]), np.float32)\n    for k in range(a.shape[1] - 1):\n        out += "
+        "np.outer(a[:, k], b[k]).astype(np.float32)\n    return out.astype(np.float16)",
+        r"your \[0, 0\] is 0; the exact sum of products is 1",
+    ),
+    (
+        "ex1_3",
+        "tinyamp's product through importlib",
+        "return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)",
+        "return __import__('importlib').import_module('tinyamp.kernels').matmul(a, b)",
+        r"uses tinyamp\.kernels, tinyamp's own version of what Exercise 1\.3",
+    ),
+    # ---- 2.1 to 2.3: backwards ---------------------------------------------------------------------------------------
+    (
+        "ex2_1",
+        "axis ignored",
+        "return y * (g - (g * y).sum(axis=axis, keepdims=True))",
+        "return y * (g - (g * y).sum(axis=-1, keepdims=True))",
+        r"and axis = -?\d: .*your backward gives .*, finite differences give",
+    ),
+    (
+        "ex2_1",
+        "the sum without g",
+        "return y * (g - (g * y).sum(axis=axis, keepdims=True))",
+        "return y * (g - y.sum(axis=axis, keepdims=True))",
+        r"your backward gives .*, finite differences give",
+    ),
+    (
+        "ex2_2",
+        "axis ignored",
+        "return g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
+        "return g - np.exp(y) * g.sum(axis=-1, keepdims=True)",
+        r"and axis = -?\d: .*your backward gives .*, finite differences give",
+    ),
+    (
+        "ex2_2",
+        "y used as probabilities",
+        "return g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
+        "return g - y * g.sum(axis=axis, keepdims=True)",
+        r"your backward gives .*, finite differences give",
+    ),
+    (
+        "ex2_2",
+        "nothing returned",
+        "return g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
+        "g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
+        r"raised TypeError: your log_softmax_backward returned NoneType: return dL/dx, a float64 array of shape",
+    ),
+    (
+        "ex2_3",
+        "rstd ignored",
+        "return rstd * (g - g.mean(",
+        "return 1.0 * (g - g.mean(",
+        r"your backward gives .*, finite differences give",
+    ),
+    (
+        "ex2_3",
+        "the variance's share dropped",
+        "- xhat * (g * xhat).mean(axis=-1, keepdims=True))",
+        ")",
+        r"your backward gives .*, finite differences give",
+    ),
+    (
+        "ex2_3",
+        "the means over every axis",
+        "g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True)",
+        "g.mean() - xhat * (g * xhat).mean()",
+        r"\(shape \(\d+(, \d+)+\), float64\).*your backward gives .*, finite differences give",
+    ),
+    # ---- 4.1 update_is_lost ------------------------------------------------------------------------------------------
+    (
+        "ex4_1",
+        "a zero update counted as lost",
+        "if update == 0:\n        return False\n    moved",
+        "moved",
+        r"and update = -?0 yours says True, expected False",
+    ),
+    (
+        "ex4_1",
+        "the exact sum, not the float32 one",
+        "float(np.float32(weight) + np.float32(update)) - weight",
+        "(weight + update) - weight",
+        r"yours says False, expected True: the float32 sum .* rounds to",
+    ),
+    (
+        "ex4_1",
+        "direction ignored",
+        "toward_zero = weight != 0 and (moved < 0) == (weight > 0)",
+        "toward_zero = False",
+        r"yours says True, expected False: .*half the gap from the weight to its neighbour (below|above)",
+    ),
+    (
+        "ex4_1",
+        "ties always lost",
+        "return (w / ulp) % 2 == 0",
+        "return True",
+        r"yours says True, expected False: .*the sum is exactly halfway: a tie",
+    ),
+    (
+        "ex4_1",
+        "no subnormal gap",
+        "ulp = 2.0**-24 if w < 2.0**-14 else 2.0 ** (math.frexp(w)[1] - 11)",
+        "ulp = 2.0 ** (math.frexp(w)[1] - 11)",
+        r"for weight = -?(2\^-\d+|\S+e-0[5-8]) and update = .* yours says",
+    ),
+    (
+        "ex4_1",
+        "float16 through getattr",
+        "if update == 0:\n        return False\n",
+        "if update == 0:\n        return False\n    f16 = getattr(np, 'float16')\n    return "
+        "float(f16(np.float32(weight) + np.float32(update))) == weight\n",
+        r"converts to float16 with NumPy \(line \d+: getattr\(\.\.\., float16\)\)",
+    ),
+    (
+        "ex4_1",
+        "tinyamp's rule through importlib",
+        "if update == 0:\n        return False\n",
+        "return __import__('importlib').import_module('tinyamp.amp.lost_updates').update_is_lost(weight, update)\n",
+        r"uses tinyamp\.amp\.lost_updates, tinyamp's own version",
+    ),
+    # ---- 4.2 master_step ---------------------------------------------------------------------------------------------
+    (
+        "ex4_2",
+        "lr ignored",
+        "master - np.float32(lr) * grad16",
+        "master - np.float32(0.01) * grad16",
+        r"and lr = .*: your new master\[0\] is .*, expected .*: master - float32\(lr\) \* widened grad16",
+    ),
+    (
+        "ex4_2",
+        "the step in float64",
+        "new_master = master - np.float32(lr) * grad16.astype(np.float32)",
+        "new_master = (master.astype(np.float64) - lr * grad16.astype(np.float64)).astype(np.float32)",
+        r"your new master\[0\] is .*, expected .*: master - float32\(lr\) \* widened grad16, computed in fl",
+    ),
+    (
+        "ex4_2",
+        "unchanged elements counted as lost",
+        "lost = (new_master != master) & (update != 0) & stays",
+        "lost = stays",
+        r"you count 1 lost updates, expected 0: the elements whose master changed",
+    ),
+    (
+        "ex4_2",
+        "the float16 weight from w16, not the master",
+        "return new_master.astype(np.float16), new_master",
+        "return (w16.astype(np.float32) + update).astype(np.float16), new_master",
+        r"your new w16\[0\] is .*, expected .*: the new master rounded once",
+    ),
+    (
+        "ex4_2",
+        "tinyamp's optimizer through importlib",
+        "new_master = master - np.float32(lr)",
+        "opt = __import__('importlib').import_module('tinyamp.optim')\n    new_master = master - np.float32(lr)",
+        r"uses tinyamp\.optim, tinyamp's own version of what Exercise 4\.2",
+    ),
+    # ---- 5.1 DynamicLossScaler ---------------------------------------------------------------------------------------
+    (
+        "ex5_1",
+        "growth_factor ignored",
+        "self.scale * self.growth_factor",
+        "self.scale * 2.0",
+        r"clean steps? your scale is .*, the (pytorch|jmp) rule says .*growth_factor=(?!2,)",
+    ),
+    (
+        "ex5_1",
+        "backoff_factor ignored",
+        "self.scale * self.backoff_factor",
+        "self.scale * 0.5",
+        r"overflows? your scale is .*, the (pytorch|jmp) rule says .*backoff_factor=(?!0\.5,)",
+    ),
+    (
+        "ex5_1",
+        "growth_interval ignored",
+        "if self.growth_tracker < self.growth_interval:",
+        "if self.growth_tracker < 2000:",
+        r"after growth_interval=1 clean steps in a row the scale must grow",
+    ),
+    (
+        "ex5_1",
+        "max_scale ignored",
+        "self.scale = grown if self.max_scale is None else min(grown, self.max_scale)",
+        "self.scale = grown",
+        r"your scale is 4096, the rule says 3000 .*: a grown scale above max_scale is lowered",
+    ),
+    (
+        "ex5_1",
+        "min_scale ignored",
+        "if self.min_scale is not None:",
+        "if False:",
+        r"overflows your scale is 0\.5, the jmp rule says 1 \(settings: .*min_scale=1",
+    ),
+    (
+        "ex5_1",
+        "init_scale ignored",
+        "self.scale = float(np.float32(init_scale))",
+        "self.scale = 2.0**16",
+        r"before any step your scale is 65536, the (pytorch|jmp) rule says .*init_scale=(?!65536,)",
+    ),
+    (
+        "ex5_1",
+        "growth one step early",
+        "if self.growth_tracker < self.growth_interval:",
+        "if self.growth_tracker < self.growth_interval - 1:",
+        r"the scale grows only after exactly growth_interval=2 clean steps in a row",
+    ),
+    (
+        "ex5_1",
+        "the grown scale not rounded to float32",
+        "grown = float(np.float32(self.scale * self.growth_factor))",
+        "grown = self.scale * self.growth_factor",
+        r"clean steps? your scale is \S+, the (pytorch|jmp) rule says \S+ \(settings: .*growth_factor=(?!2,|4,)",
+    ),
+    (
+        "ex5_1",
+        "load_state_dict ignores the tracker",
+        'self.scale, self.growth_tracker = float(state_dict["scale"]), int(state_dict["growth_tracker"])',
+        'self.scale = float(state_dict["scale"])',
+        r"a scaler restored from your state_dict\(\) .* a state_dict round trip",
+    ),
+    (
+        "ex5_1",
+        "tinyamp's scaler through importlib",
+        "self.scale = float(np.float32(init_scale))",
+        "self.ref = __import__('importlib').import_module('tinyamp.amp').LossScaler\n        self.scale = "
+        "float(np.float32(init_scale))",
+        r"uses tinyamp\.amp, tinyamp's own version of what Exercise 5\.1",
+    ),
+    # ---- 5.2 skip_or_step --------------------------------------------------------------------------------------------
+    (
+        "ex5_2",
+        "unscaled in float64",
+        "(p.grad.astype(np.float32) * inverse)",
+        "(p.grad.astype(np.float64) / scale)",
+        r"with scale (?!1 )\S+ .*unscale every gradient \(multiply by 1/scale in float32",
+    ),
+    (
+        "ex5_2",
+        "a loop that stops one parameter early",
+        "for p in optimizer.params:",
+        "for p in optimizer.params[:-1]:",
+        r"(an inf|a NaN) in the scaled gradient of w\d.* skipped=False, but an unscaled",
+    ),
+    (
+        "ex5_2",
+        "skipped reported the wrong way round",
+        "return not finite",
+        "return finite",
+        r"your step returned skipped=True, but every gradient is finite",
+    ),
+    (
+        "ex5_2",
+        "finite checked on the first gradient only",
+        "finite = finite and bool(np.isfinite(p.grad).all())",
+        "finite = bool(np.isfinite(optimizer.params[0].grad).all())",
+        r"(an inf|a NaN) in the scaled gradient of w[1-9].* skipped=False, but an",
+    ),
+    # ---- 5.3 scaling_is_exact ----------------------------------------------------------------------------------------
+    (
+        "ex5_3",
+        "k ignored",
+        "scaled = g.astype(np.float64) * 2.0**k",
+        "scaled = g.astype(np.float64)",
+        r"and k = -?\d+ \(S = 2\^-?\d+\).* yours says (not )?exact, but g \* S = ",
+    ),
+    (
+        "ex5_3",
+        "scaled in float16",
+        "scaled = g.astype(np.float64) * 2.0**k",
+        "scaled = (g * np.float16(2.0**k)).astype(np.float64)",
+        r"yours says exact, but g \* S = .* is not a float16 value: it rounds to",
+    ),
+    (
+        "ex5_3",
+        "65504 itself not allowed",
+        "np.abs(scaled) <= 65504.0",
+        "np.abs(scaled) < 65504.0",
+        r"= 65504 yours says not exact, but g \* S = 65504 is a float16 value",
+    ),
+    (
+        "ex5_3",
+        "the subnormal grid ignored",
+        " & (np.mod(scaled, 2.0**-24) == 0)",
+        "",
+        r"yours says exact, but g \* S = \S+ is not a float16 value: it rounds to",
+    ),
+    # ---- 6.1 autocast_dtypes -----------------------------------------------------------------------------------------
+    (
+        "ex6_1",
+        "lower ignored",
+        'return [lower if d == "float32" else d',
+        'return ["float16" if d == "float32" else d',
+        r"under autocast\('bfloat16'.* yours gives \['float16'\]; autocast gives \['bfloat16'\]",
+    ),
+    (
+        "ex6_1",
+        "overrides ignored",
+        "rule = {**DEFAULT_POLICY, **(overrides or {})}.get(op)",
+        "rule = DEFAULT_POLICY.get(op)",
+        r"policy=\{.*\}\) yours gives .*; autocast gives",
+    ),
+    (
+        "ex6_1",
+        "bfloat16 kept by the fp32 rule",
+        'return ["float32" if FLOAT_BYTES.get(d) == 2 else d',
+        'return ["float32" if d == "float16" else d',
+        r"\(rule 'fp32'\) with inputs bfloat16 .* yours gives \['bfloat16'\]",
+    ),
+    (
+        "ex6_1",
+        "promote always to float32",
+        "widest = max(floats, key=FLOAT_BYTES.__getitem__)",
+        'widest = "float32"',
+        r"\(rule 'promote'\) .* yours gives \['float32'\]; autocast gives \['float16'\]",
+    ),
+    (
+        "ex6_1",
+        "float64 lowered too",
+        'return [lower if d == "float32" else d',
+        'return [lower if d in ("float32", "float64") else d',
+        r"with inputs float64 .* yours gives \['float16'\]; autocast gives \['float64'\]",
+    ),
+    (
+        "ex6_1",
+        "tinyamp's autocast through importlib",
+        "rule = {**DEFAULT_POLICY",
+        "ac = __import__('importlib').import_module('tinyamp.autocast')\n    rule = {**DEFAULT_POLICY",
+        r"uses tinyamp\.autocast, tinyamp's own version of what Exercise 6\.1",
+    ),
+    # ---- 7.1 checkpoint_segment --------------------------------------------------------------------------------------
+    (
+        "ex7_1",
+        "gradients from elsewhere not set aside",
+        "        for p in self.params:\n            p.grad = None\n",
+        "",
+        r"two forward and backward passes \(the gradients add up in \.grad\): the",
+    ),
+    (
+        "ex7_1",
+        "the graph kept: no memory saved",
+        "        with no_grad():\n            return segment(Tensor(x)).data",
+        "        self.kept = segment(Tensor(x))\n        return self.kept.data",
+        r"your forward leaves .* MiB held until backward, the plain segment",
+    ),
+    (
+        "ex7_1",
+        "tinyamp's checkpoint through importlib",
+        "params = list(params)\n",
+        "params = list(params)\n    return __import__('importlib').import_module('tinyamp.checkpoint').checkpoint(segm"
+        "ent, x)\n",
+        r"uses tinyamp\.checkpoint, tinyamp's own version of what Exercise 7\.1",
+    ),
+    # ---- 9.1 mean_gradient -------------------------------------------------------------------------------------------
+    (
+        "ex9_1",
+        "the float32 reduction summed in float64",
+        "total = grads[0].astype(np.float32)",
+        "return (sum(g.astype(np.float64) for g in grads) / n).astype(np.float32)",
+        r"reduction 'float32': your mean\[\d+\] is .*: widen each gradient to float32, sum",
+    ),
+    (
+        "ex9_1",
+        "a loop that stops one rank early",
+        "for p in parts[1:]:",
+        "for p in parts[1:-1]:",
+        r"your mean\[\d+\] is \S+, expected \S+: sum in rank order in float16",
+    ),
+    (
+        "ex9_1",
+        "N ignored in the predivision",
+        "/ np.float32(n)).astype(np.float16) for g in grads]",
+        "/ np.float32(2)).astype(np.float16) for g in grads]",
+        r"'float16-predivide': your mean\[\d+\] is \S+, expected \S+: divide each gradient by N",
+    ),
+    (
+        "ex9_1",
+        "tinyamp's all-reduce through importlib",
+        "n = len(grads)\n",
+        "n = len(grads)\n    d = __import__('importlib').import_module('tinyamp.distributed')\n",
+        r"uses tinyamp\.distributed, tinyamp's own version of what Exercise 9\.1",
+    ),
+]
+
+
+def mutant_source(exercise_id: str, old: str, new: str) -> str:
+    """The reference solution's module with `old` replaced by `new` (once: the edit must be unambiguous)."""
+    source = (ROOT / f"tinyamp/exercises/solutions/{find(exercise_id).module}.py").read_text()
+    assert source.count(old) == 1, f"{exercise_id}: {old!r} occurs {source.count(old)} times in the solution"
+    return source.replace(old, new)
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("mutants") / "ws"
+    write_workspace(directory)
+    return directory
+
+
+@pytest.mark.parametrize("exercise_id, wrong, old, new, reason", MUTANTS, ids=[f"{m[0]}: {m[1]}" for m in MUTANTS])
+def test_each_plausible_wrong_solution_fails_with_the_rule_it_broke(
+    stubs: Path, exercise_id: str, wrong: str, old: str, new: str, reason: str
+) -> None:
+    exercise = find(exercise_id)
+    (stubs / PACKAGE / f"{exercise.module}.py").write_text(mutant_source(exercise_id, old, new))
+    result = grade(exercise, stubs)
+    assert result.status == FAILED, f"{wrong}: graded {result.status}"
+    assert re.search(reason, result.message), result.message

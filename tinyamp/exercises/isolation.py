@@ -1,0 +1,250 @@
+"""Grading each exercise in a child process: student code can end, hang or break only its own exercise.
+
+For each exercise the parent copies the workspace into a throwaway folder and starts a child
+process, which imports the student's code from that copy and runs the grader on it.  The parent
+never imports student code, and it alone decides the verdict:
+
+* the child sent a result and then ended normally: that result (passed, not started, failed);
+* the child ran past the time limit: failed, "still running after 60 s: an infinite loop?";
+* student code called ``sys.exit``, ``os._exit`` or raised a ``BaseException`` such as
+  ``KeyboardInterrupt``: failed, with the call and the student's line;
+* the child died of a signal, or ended with no result: failed, with the signal or the status.
+
+Limits: a time limit per exercise (``DEFAULT_TIMEOUT`` seconds, ``DEEP`` times it with ``--deep``),
+and on Linux a memory limit (``RLIMIT_AS``): the address space the child holds when it starts, plus
+``DEFAULT_MEMORY_GIB``.  The throwaway copy means a student's code that deletes or rewrites files
+changes only the copy it was given: never the workspace, never another exercise's copy.
+
+Children are forked where the OS can (Linux, macOS): the parent imports numpy, hypothesis and every
+grader once, and each child starts with them already loaded (a fresh interpreter per exercise
+would import them again, about half a second each).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from tinyamp.exercises.catalog import DEEP, Exercise, find
+
+DEFAULT_TIMEOUT = 60.0  # seconds per exercise; the slowest reference solution takes about 3 s
+DEFAULT_MEMORY_GIB = 2.0  # beyond what the grading process itself holds when the exercise starts
+DEFAULT_JOBS = 2  # exercises graded at once (at most the CPU count)
+IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".hypothesis", ".pytest_cache", ".venv", "venv")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one exercise's child may use: seconds of wall-clock time, bytes of memory beyond the grader's own."""
+
+    seconds: float = DEFAULT_TIMEOUT
+    memory_bytes: int | None = int(DEFAULT_MEMORY_GIB * 2**30)  # None: no limit
+
+    @staticmethod
+    def default(deep: bool = False) -> Limits:
+        """The stated defaults; ``--deep`` draws DEEP times as many examples, so it gets DEEP times the time."""
+        return Limits(DEFAULT_TIMEOUT * (DEEP if deep else 1))
+
+
+def grade_isolated(
+    exercises: Sequence[Exercise], workspace: Path, deep: bool = False, limits: Limits | None = None, jobs: int = 1
+) -> Iterator[Any]:
+    """Grade each exercise in its own child process, up to `jobs` at once; yield the Results in the order given."""
+    from tinyamp.exercises.grading import preload
+
+    limits = limits or Limits.default(deep)
+    preload(exercises)  # numpy, hypothesis and the graders, once, before the first fork
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pending, running, done = list(exercises), [], {}
+    try:
+        for exercise in exercises:
+            while exercise.id not in done:
+                while pending and len(running) < max(1, jobs):
+                    running.append(Child(context, pending.pop(0), Path(workspace), deep, limits))
+                soonest = min(child.deadline for child in running)
+                wait([c.process.sentinel for c in running] + [c.receive for c in running if not c.ended],
+                     max(0.0, soonest - time.monotonic()))  # fmt: skip
+                for child in list(running):
+                    child.drain()
+                    if not child.process.is_alive() or time.monotonic() >= child.deadline:
+                        done[child.exercise.id] = child.finish()
+                        running.remove(child)
+            yield done[exercise.id]
+    finally:
+        for child in running:  # Ctrl-C, or the caller stopped early: no child outlives the grading
+            child.kill()
+            child.finish()
+
+
+class CopyError(Exception):
+    """The workspace could not be copied (an unreadable file): the message names the file."""
+
+
+def _first_error(exc: BaseException) -> str:
+    """shutil.Error carries a list of (source, destination, why); an OSError says it itself."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        source, _, why = exc.args[0][0]
+        return f"{source}: {why}"
+    return str(exc)
+
+
+class Child:
+    """One exercise's child process, its throwaway copy of the workspace, and what it has said so far."""
+
+    def __init__(self, context: Any, exercise: Exercise, workspace: Path, deep: bool, limits: Limits) -> None:
+        self.exercise, self.limits = exercise, limits
+        self.folder = Path(tempfile.mkdtemp(prefix="tinyamp-grading-"))
+        copy = self.folder / "workspace"
+        try:
+            shutil.copytree(workspace, copy, ignore=IGNORED, symlinks=True)
+        except (OSError, shutil.Error) as exc:  # an unreadable file: the workspace cannot be graded as it is
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise CopyError(f"cannot copy the workspace {workspace} to grade it: {_first_error(exc)}") from None
+        self.receive, send = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_child,
+            args=(exercise.id, str(copy), str(workspace), deep, limits.memory_bytes, send),
+            name=f"grade-{exercise.id}",
+        )
+        self.start = time.monotonic()
+        with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads: numpy's idle BLAS pool
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.process.start()
+        send.close()  # the child holds the only writing end: its death reads as the end of the pipe
+        self.deadline = self.start + limits.seconds
+        self.messages: dict[str, Any] = {}
+        self.timed_out = False
+        self.ended = False  # the pipe reached its end: nothing more to wait for on it
+
+    def drain(self) -> None:
+        """Read what the child has sent: ("result", (status, message)) and, before an os._exit, ("exit", why)."""
+        try:
+            while not self.ended and self.receive.poll():
+                kind, value = self.receive.recv()
+                self.messages.setdefault(kind, value)
+        except Exception:  # the end of the pipe, or bytes that are not a message: the verdict says what happened
+            self.ended = True
+
+    def kill(self) -> None:
+        """SIGKILL the child and anything it started (it leads its own process group)."""
+        if self.process.pid is None or self.process.exitcode is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (AttributeError, OSError):  # no process groups here, or the child had not made its own yet
+            self.process.kill()
+
+    def finish(self) -> Any:
+        """End the child if it still runs, remove its copy, and decide its exercise's Result."""
+        from tinyamp.exercises.grading import Result
+
+        if self.process.is_alive():
+            self.timed_out = True
+            self.kill()
+        self.process.join()
+        self.drain()
+        self.receive.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        seconds = time.monotonic() - self.start
+        status, message = self.verdict()
+        return Result(self.exercise, status, message, min(seconds, self.limits.seconds) if self.timed_out else seconds)
+
+    def verdict(self) -> tuple[str, str]:
+        """(status, message) from what the child sent and how it ended."""
+        from tinyamp.exercises.grading import FAILED
+
+        code, result = self.process.exitcode, self.messages.get("result")
+        if self.timed_out:
+            if result is not None:
+                return FAILED, (f"gave a verdict but was still running after {self.limits.seconds:g} s: a thread or "
+                                "process of yours left running?")  # fmt: skip
+            return FAILED, (f"still running after {self.limits.seconds:g} s: an infinite loop? (--timeout SECONDS "
+                            "allows longer)")  # fmt: skip
+        if result is not None and code == 0:
+            return result
+        if "exit" in self.messages:
+            return FAILED, self.messages["exit"]
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            why = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in compiled code?)"}.get(name, "")
+            return FAILED, f"the grading process was killed by {name}{why} before a verdict"
+        return FAILED, f"the grading process ended with exit status {code} before a verdict (os._exit, or a crash?)"
+
+
+def _child(exercise_id: str, copy: str, shown: str, deep: bool, memory_bytes: int | None, send: Connection) -> None:
+    """In the child: limits, the copy as the current folder, the grade, one message back (naming `shown`, the
+    workspace, where a message would name the copy)."""
+    from tinyamp.exercises.grading import FAILED, aborted, grade
+
+    root = Path(copy)
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()  # its own process group: a timeout kills whatever the student's code started too
+    _quiet(root / ".output")  # what student code prints goes to a file in the copy, not into the table
+    _limit_memory(memory_bytes)
+    os.chdir(root)
+    sys.dont_write_bytecode = True
+    _report_os_exit(send, root)
+    try:
+        result = grade(find(exercise_id), root, deep=deep)
+        verdict = (result.status, result.message)
+        if result.message.startswith("ran out of memory") and memory_bytes is not None:
+            limit = f"; the limit is {memory_bytes / 2**30:g} GiB beyond the grader's own, --memory GIB"
+            verdict = (FAILED, f"{result.message[:-1]}{limit})")
+    except BaseException as exc:  # sys.exit, KeyboardInterrupt, ...: this exercise's verdict, not the grader's end
+        verdict = (FAILED, aborted(exc, root))
+    send.send(("result", (verdict[0], verdict[1].replace(str(root), shown))))
+    send.close()
+
+
+def _quiet(log: Path) -> None:
+    """Send file descriptors 1 and 2 (and sys.stdout, sys.stderr) to `log`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = sys.stderr = open(1, "w", closefd=False)  # noqa: SIM115  (lives as long as the child)
+
+
+def _limit_memory(extra: int | None) -> None:
+    """RLIMIT_AS: the address space held now plus `extra` bytes (Linux only: elsewhere it is not enforced)."""
+    if extra is None or not sys.platform.startswith("linux"):
+        return
+    import resource
+
+    with open("/proc/self/statm") as statm:
+        held = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = held + extra if hard == resource.RLIM_INFINITY else min(held + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _report_os_exit(send: Connection, root: Path) -> None:
+    """Make os._exit, when student code calls it, say so (and where) before the process ends."""
+    real_exit = os._exit
+
+    from tinyamp.exercises.grading import student_line
+
+    def _exit(status: int) -> None:
+        where = student_line(traceback.extract_stack(), root)
+        if where:  # the grader's own os._exit, at the end of the child, says nothing
+            try:
+                send.send(("exit", f"called os._exit({status}) at {where}"))
+            except Exception:
+                pass
+        real_exit(status)
+
+    os._exit = _exit
