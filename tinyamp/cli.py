@@ -9,7 +9,8 @@
     tinyamp exercises init DIR   a workspace of exercises to implement; `exercises check DIR` grades it
 
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
-run diverged (the message says when and why); 130/143 stopped by Ctrl-C/SIGTERM, after
+run diverged (the message says when and why; `train --out` keeps its results, marked
+diverged, and the checkpoint of its last good step); 130/143 stopped by Ctrl-C/SIGTERM, after
 `train --out` saved a checkpoint at the end of the current step.  An output folder is
 replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was.
 """
@@ -37,7 +38,7 @@ from tinyamp.fast.allocator import keep_freed_memory
 DEVICES = ("cpu", "cuda")
 DEFAULT_TRAIN_STEPS = 1500
 DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
-DIVERGED = 3  # the exit status of a run whose loss ended NaN or inf, or whose every step was skipped
+DIVERGED = 3  # the exit status of a diverged run (divergence.diverged): NaN or inf loss, scale 0, most steps skipped
 EXIT_STATUS = (
     "exit status: 0 done; 2 bad input (a message says what to type instead); 3 the run diverged (the message says "
     "when and why); 130 or 143 stopped by Ctrl-C or SIGTERM (train --out saves a checkpoint first)"
@@ -405,7 +406,7 @@ def _output_folder(path: str | None, flag: str = "--out") -> Any:
 def train(args: argparse.Namespace, stop: Stop) -> int:
     """Train one model in one precision; print the result; with --out write results, figures, a checkpoint."""
     from tinyamp.amp import CheckpointError, load_checkpoint, save_checkpoint
-    from tinyamp.experiments.divergence import diverged, explain
+    from tinyamp.experiments.divergence import LastGoodState, diverged, explain
     from tinyamp.experiments.regimes import REGIMES, build
     from tinyamp.experiments.results import footnotes, format_table, results_document
     from tinyamp.experiments.runner import run_regime
@@ -463,6 +464,14 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         out.write(lambda folder: [save(folder, step)], manifest)
 
     every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+    good = None
+    if out is not None:  # a diverged run saves the state of its last good step (divergence.LastGoodState)
+        good = LastGoodState(
+            setup.model, setup.scaler, lambda: (setup.model.state_dict(), setup.optimizer.state_dict()),
+            lambda state: (setup.model.load_state_dict(state[0]), setup.optimizer.load_state_dict(state[1])),
+        )  # fmt: skip
+    if good is not None and start:
+        good.keep(start)  # the loaded state: good until a step of this run proves otherwise
 
     def after_step(done: int) -> None:
         if done == args.steps:
@@ -475,7 +484,7 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         try:
             result, setup = run_regime(
                 task, args.precision, args.steps, scaler, setup=setup, start=start, progress=_progress(args.quiet),
-                memory=args.memory, after_step=after_step,
+                memory=args.memory, after_step=after_step, on_loss=None if good is None else good.on_loss,
             )  # fmt: skip
         except Interrupted as exc:
             return _interrupted(exc, out, save_unit, args.steps)
@@ -490,11 +499,19 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
             print(footnotes())
         failed = explain(task, setup, result, start) if diverged(result) else None
         if out is not None:
-            document = results_document({task.name: (task, [result])}, {"command": "train", "resumed_from": start})
-            manifest = {"command": "train", "finished": True, "step": args.steps, "total_steps": args.steps}
-            keep = None if failed else lambda folder: save(folder, args.steps)
+            config = {"command": "train", "resumed_from": start, "diverged": failed}
+            document = results_document({task.name: (task, [result])}, config)
+            step, why, keep = args.steps, "", lambda folder: save(folder, args.steps)
+            if failed:  # keep the state of the last good step, not the diverged one
+                step, why = start + len(result.series["loss"]), " (no checkpoint: no step of this run was good)"
+                keep = None
+                if good is not None and good.step is not None:
+                    step = good.restore()
+                    keep = lambda folder: save(folder, step)  # noqa: E731
+                    why = f" (the checkpoint is of step {step}, {LastGoodState.MEANING})"
+            manifest = {"command": "train", "finished": not failed, "diverged": bool(failed), "step": step,
+                        "total_steps": args.steps}  # fmt: skip
             written = _write_outputs(out, document, manifest, keep)
-            why = " (no checkpoint: the run diverged)" if failed else ""
             print(f"wrote {', '.join(written)} to {out.path}{why}")
     if failed:
         print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)

@@ -320,7 +320,7 @@ def signal_on_any_rank(comm: Communicator, stop: Stop) -> int:
 
 
 def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
-    from tinyamp.experiments.divergence import diverged, explain
+    from tinyamp.experiments.divergence import LastGoodState, diverged, explain
     from tinyamp.experiments.output_folder import OutputFolder
     from tinyamp.experiments.results import format_table, results_document
     from tinyamp.experiments.runner import run_regime
@@ -400,12 +400,15 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         if writes and s["checkpoint_every"] and done % s["checkpoint_every"] == 0:
             save_unit(done)
 
+    good = LastGoodState(model, setup.scaler, lambda: _local_state(dp), lambda state: _put_local_state(dp, state))
+    if writes and start:
+        good.keep(start)  # the loaded state: good until a step of this run proves otherwise
     bar = _progress(comm.rank == 0 and not getattr(args, "quiet", False))
     with stop.at_step_boundaries(), np.errstate(all="ignore"):
         try:
             result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
                                    progress=bar, memory=bool(getattr(args, "memory", False)),
-                                   after_step=after_step)  # fmt: skip
+                                   after_step=after_step, on_loss=good.on_loss if writes else None)  # fmt: skip
         except Interrupted as exc:
             if comm.rank == 0:
                 _say_stopped(exc, s, comm.size, out)
@@ -413,19 +416,28 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         rows = exchange_json(comm, setup.row(result.skipped_steps))
         why = exchange_json(comm, explain(task, setup, result, start) if diverged(result) else None)
         failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
-        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and not failed else None
+        step = s["steps"]  # the step of the checkpoint: a diverged run's last good one (the same on every rank)
+        if failed:
+            step = good.restore() if good.step is not None else None
+        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and step else None
         if getattr(args, "dump", None):
             _dump(Path(args.dump), setup, dp, result, rows)
         if comm.rank == 0:
             print(format_table([result]))
             print(format_ranks(rows))
             if out is not None:
-                config = {"command": "train", "resumed_from": start, "distributed": {**distributed, "per_rank": rows}}
+                config = {"command": "train", "resumed_from": start, "diverged": failed,
+                          "distributed": {**distributed, "per_rank": rows}}  # fmt: skip
                 document = results_document({task.name: (task, [result])}, config)
-                manifest = {"command": "train", "finished": True, "step": s["steps"], "total_steps": s["steps"]}
-                written = out.write(lambda folder: _fill(folder, document, None if failed else
-                                                         (lambda f: save(f, s["steps"], twin))), manifest)  # fmt: skip
-                print(f"wrote {', '.join(written)} to {out.path}")
+                manifest = {"command": "train", "finished": not failed, "diverged": bool(failed),
+                            "step": step or start + len(result.series["loss"]), "total_steps": s["steps"]}  # fmt: skip
+                written = out.write(lambda folder: _fill(folder, document, None if twin is None else
+                                                         (lambda f: save(f, step, twin))), manifest)  # fmt: skip
+                why = ""
+                if failed:
+                    why = (f" (the checkpoint is of step {step}, {LastGoodState.MEANING})" if step else
+                           " (no checkpoint: no step of this run was good)")  # fmt: skip
+                print(f"wrote {', '.join(written)} to {out.path}{why}")
             if failed:
                 print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
             elif stop.requested:
@@ -434,6 +446,18 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         if failed:
             return 3
         return 128 + stop.signum if stop.signum else 0
+
+
+def _local_state(dp: DataParallel) -> tuple[Any, Any, dict[str, Any]]:
+    """Copies of what this rank holds of the run: the weights, its masters, its optimizer's state."""
+    return dp.weights.copy(), dp.shard.tensor.data.copy(), dp.optimizer.state_dict()
+
+
+def _put_local_state(dp: DataParallel, state: tuple[Any, Any, dict[str, Any]]) -> None:
+    weights, masters, optimizer = state
+    dp.weights[...] = weights  # in place: every parameter of the model views this vector
+    dp.shard.tensor.data[...] = masters
+    dp.optimizer.load_state_dict(optimizer)
 
 
 def _say_stopped(exc: Interrupted, s: dict[str, Any], ranks: int, out: Any) -> None:

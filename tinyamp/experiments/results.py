@@ -54,6 +54,7 @@ class RegimeResult:
     histogram: dict[str, Any] = field(default_factory=dict)  # log2|g| counts at the end, unscaled and scaled
     memory: dict[str, Any] = field(default_factory=dict)  # with --memory: bytes held by role, peak of a step
     ms_per_step_spread: list[float] = field(default_factory=list)  # 10th and 90th percentiles of the timed steps
+    stopped: str | None = None  # why the run ended before its last step (the loss scale underflowed to 0)
 
     def to_json(self) -> dict[str, Any]:
         """A dict with only JSON values (NaN becomes None)."""

@@ -58,6 +58,7 @@ def run_regime(
     start: int = 0,
     memory: bool = False,
     after_step: Callable[[int], None] | None = None,
+    on_loss: Callable[[int, float, bool], None] | None = None,
 ) -> tuple[RegimeResult, Setup]:
     """Train `task` in `regime` for `steps` steps (from step `start` of a resumed `setup`).
 
@@ -66,6 +67,10 @@ def run_regime(
     With `memory`, the last step runs under ``peak_memory`` and the bytes held after it are
     itemized (``result.memory``).  ``after_step(done)``, when given, runs after every step
     with the number of steps done: the place to save a checkpoint, or to stop (by raising).
+    ``on_loss(done, loss, skipped)``, when given, runs before it with the step's loss and whether
+    the step was skipped (the place to keep the last good state of a run that may diverge).
+    A FloatingPointError from the step (the loss scale underflowed to 0) ends the loop: the
+    result covers the steps done, and ``result.stopped`` holds the error's sentence.
     Steps are measured when ``step % measure_every == 0`` (and the last), counted from the
     start of the run, not of this call: a resumed run measures the steps an uninterrupted one would.
     """
@@ -85,6 +90,7 @@ def run_regime(
     began = time.perf_counter()
     bar = progress(total=steps, initial=start, desc=f"{task.name} {regime}") if progress else None
     batches = task.batches(start=start)
+    stopped = None
     try:
         for step in range(start, steps):
             batch = next(batches)
@@ -102,17 +108,21 @@ def run_regime(
                     saved = saved_tensors(loss)
 
             t0 = time.perf_counter()
-            if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
-                (loss, report, counts), peak = peak_memory(
-                    lambda b=batch, i=inspect, m=is_measured: setup.step(
-                        lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
-                    ),
-                    device=task.device,
-                )
-            else:
-                loss, report, counts = setup.step(
-                    lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
-                )
+            try:
+                if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
+                    (loss, report, counts), peak = peak_memory(
+                        lambda b=batch, i=inspect, m=is_measured: setup.step(
+                            lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
+                        ),
+                        device=task.device,
+                    )
+                else:
+                    loss, report, counts = setup.step(
+                        lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
+                    )
+            except FloatingPointError as exc:  # the scaler found that no later step can succeed
+                stopped = str(exc)
+                break
             if not is_measured and inspect is None and peak is None:
                 step_seconds.append(time.perf_counter() - t0)
             series["loss"].append(loss)
@@ -129,6 +139,8 @@ def run_regime(
                 bar.update(1)
                 if step % 10 == 0 or step == steps - 1:
                     bar.set_postfix(loss=f"{loss:.4f}", scale=f"{setup.scaler.scale:g}", refresh=False)
+            if on_loss is not None:
+                on_loss(step + 1, loss, report.skipped)
             if after_step is not None:
                 after_step(step + 1)
     finally:
@@ -168,6 +180,7 @@ def run_regime(
             "zeros": int(np.count_nonzero(grads == 0)),
         },
         memory={"held_bytes": held, "peak_step_bytes": peak} if memory else {},
+        stopped=stopped,
     )
     return result, setup
 
