@@ -348,10 +348,8 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--resume {args.resume}: no such file") from exc
     except (CheckpointError, OSError) as exc:
         raise UsageError(f"--resume: {exc}") from exc
-    if not isinstance(extra, dict) or "train" not in extra:
-        raise UsageError(f"--resume {args.resume}: this checkpoint was not written by `tinyamp train`")
     try:
-        saved = run_settings.checked_stored(extra["train"], args.resume)
+        saved = run_settings.checked_extra(extra, args.resume)
     except ValueError as exc:
         raise UsageError(f"--resume {exc}") from exc
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):

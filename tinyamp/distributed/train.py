@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 import tinyamp as ta
-from tinyamp import backend, kernels
+from tinyamp import backend, kernels, random
 from tinyamp.amp import save_checkpoint
 from tinyamp.amp.lost_updates import lost_updates
 from tinyamp.distributed import checkpoint
@@ -283,15 +283,50 @@ def _resume_settings(s: dict[str, Any]) -> dict[str, Any]:
     from tinyamp.amp.training_state import read_extra
 
     try:
-        saved = run_settings.checked_stored(read_extra(s["resume"])["train"], s["resume"])
+        saved = run_settings.checked_extra(read_extra(s["resume"]), s["resume"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DistributedUsageError(f"--resume {s['resume']}: {exc}") from exc
+        raise DistributedUsageError(f"--resume: {exc}") from exc
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
         if s[key] is not None and s[key] != saved[key]:
             raise DistributedUsageError(f"--{key.replace('_', '-')} {s[key]} differs from the checkpoint's "
                                         f"{saved[key]}: a resumed run keeps its settings")  # fmt: skip
         s[key] = saved[key]
     return saved
+
+
+def _check_loads(path: str, model: Any, make_optimizer: Any, regime: Any, scaler_name: str) -> None:
+    """Load the checkpoint at `path` into a single-process copy of the run: every check load_checkpoint makes."""
+    import copy
+
+    from tinyamp.amp import MasterWeights, load_checkpoint
+
+    twin = copy.deepcopy(model)
+    optimizer = make_optimizer(twin.named_parameters())
+    if regime.master_weights:
+        optimizer = MasterWeights(optimizer, track_lost_updates=False)
+    state = random.get_state()
+    try:
+        load_checkpoint(path, twin, optimizer, make_scaler(scaler_name))
+    except ValueError as exc:  # CheckpointError
+        raise DistributedUsageError(f"--resume: {exc}") from exc
+    finally:
+        random.set_state(state)  # the load set the generators; checkpoint.load sets them again on every rank
+
+
+def _shared_from_rank0(comm: Communicator, fn: Any) -> Any:
+    """Run `fn` on rank 0 only and give its JSON value to every rank; its error becomes every rank's error."""
+    value, error = None, None
+    if comm.rank == 0:
+        try:
+            value = fn()
+        except DistributedUsageError as exc:
+            error = str(exc)
+        except (OSError, ValueError) as exc:
+            error = f"--resume: {exc}"
+    value, error = exchange_json(comm, [value, error])[0]
+    if error is not None:
+        raise DistributedUsageError(error)
+    return value
 
 
 def _on_rank0(comm: Communicator, fn: Any) -> Any:
@@ -326,7 +361,11 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     from tinyamp.experiments.runner import run_regime
     from tinyamp.experiments.tasks import TASKS
 
-    saved = _resume_settings(s) if s["resume"] else None
+    saved = None
+    if s["resume"]:  # read on rank 0 alone, before the other ranks touch the file; the verdict is shared
+        saved = _shared_from_rank0(comm, lambda: _resume_settings(s))
+        for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
+            s[key] = saved[key]  # as _resume_settings set them on rank 0
     start = saved["step"] if saved else 0
     why = _problem(s, comm.size)
     if why is not None:
@@ -350,6 +389,8 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     scaler_name = s["scaler"] or regime.scaler
     model = task.make_model()
     model.astype(regime.weights)
+    if start:  # the whole file checked on rank 0 (settings, arrays, optimizer state) before any collective
+        _shared_from_rank0(comm, lambda: _check_loads(s["resume"], model, task.make_optimizer, regime, scaler_name))
     dp = DataParallel(model, task.make_optimizer, comm, master_weights=regime.master_weights,
                       reduction=s["reduce_dtype"], zero=s["zero"], agree=s["agree"],
                       micro_batches=s["micro_batches"])  # fmt: skip

@@ -58,6 +58,12 @@ def checked_stored(saved: Any, path: str) -> dict[str, Any]:
     """
     if not isinstance(saved, dict):
         raise ValueError(f"{path}: the checkpoint's settings are not a table of values; the file was edited or damaged")
+    unknown = sorted(set(saved) - set(STORED))
+    if unknown:
+        raise ValueError(
+            f"{path}: the checkpoint's settings include {unknown[0]!r}, which `tinyamp train` never stores; the file "
+            "was edited or crafted"
+        )
     saved = dict(saved)
     saved.setdefault("total_steps", saved.get("step"))
     for name in STORED:
@@ -72,6 +78,22 @@ def checked_stored(saved: Any, path: str) -> dict[str, Any]:
             "total; the file was edited or damaged"
         )
     return {name: saved[name] for name in STORED}
+
+
+EXTRA_SECTIONS = ("train", "distributed", "history")  # what `tinyamp train` stores in a checkpoint's extra
+
+
+def checked_extra(extra: Any, path: str) -> dict[str, Any]:
+    """The settings in the ``extra`` of a `tinyamp train` checkpoint, checked (ValueError: one sentence)."""
+    if not isinstance(extra, dict) or "train" not in extra:
+        raise ValueError(f"{path}: this checkpoint was not written by `tinyamp train`")
+    unknown = sorted(set(extra) - set(EXTRA_SECTIONS))
+    if unknown:
+        raise ValueError(
+            f"{path}: the checkpoint's extra holds {unknown[0]!r}, which `tinyamp train` never writes; the file was "
+            "edited or crafted"
+        )
+    return checked_stored(extra["train"], path)
 
 
 def extension_note(task: Any, step: int, old_total: int, new_total: int) -> str:
