@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -253,3 +254,184 @@ def test_a_bad_checkpoint_under_mpiexec_is_refused_once_with_exit_2_on_every_ran
     assert done.returncode == 2, done.stderr
     assert says in one_line(done.stderr, "tinyamp: error: --resume: ")
     assert "Abort" not in done.stderr and "Abort" not in done.stdout
+
+
+# ---- resume across processes --------------------------------------------------------------------------
+def stopped_while_training(*args: str, signum: int = signal.SIGINT) -> subprocess.CompletedProcess[str]:
+    """``python -m tinyamp args`` stopped by a real `signum` once its progress bar shows it training."""
+    process, seen = started_training(*args)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=TIMEOUT_S)
+    return subprocess.CompletedProcess(args, process.returncode, out.decode(), (seen + err).decode(errors="replace"))
+
+
+def regime_of(out: Path) -> dict[str, Any]:
+    return json.loads((out / "results.json").read_text())["tasks"]["mlp"]["regimes"]["mixed"]
+
+
+def test_a_resumed_run_reports_the_whole_run_and_where_it_resumed(tmp_path: Path) -> None:
+    steps = ["--steps", "2000"]
+    straight = tinyamp("train", *steps, "--quiet", "--out", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+    out = tmp_path / "run"
+    stopped = stopped_while_training("train", *steps, "--out", str(out))
+    assert stopped.returncode == 130, stopped.stderr
+    at = json.loads((out / "tinyamp-run.json").read_text())["step"]
+    assert 0 < at < 2000
+    again = tinyamp("train", "--resume", str(out / "checkpoint.npz"), "--quiet", "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    assert f"* the whole run, steps 0 to 2000: resumed at step {at}" in again.stdout
+    whole, resumed = regime_of(tmp_path / "straight"), regime_of(out)
+    assert resumed["resumed_at"] == [at] and resumed["first_step"] == 0 and whole["resumed_at"] == []
+    for key in ("series", "measured", "metrics", "skipped_steps", "underflow_fraction", "lost_update_fraction"):
+        assert resumed[key] == whole[key], key  # bit for bit: the history travelled in the checkpoint
+
+
+def test_a_distributed_run_resumed_by_the_command_it_prints_ends_bit_for_bit_without_pinning_blas_by_hand(
+    tmp_path: Path,
+) -> None:
+    needs_mpiexec()
+    assert not any(k.endswith("_NUM_THREADS") for k in environment())  # the command pins BLAS itself
+    small = ["--batch-size", "64", "--steps", "6", "--quiet"]
+    straight = tinyamp("train", "--distributed", *small, "--out", str(tmp_path / "straight"), ranks=2)
+    assert straight.returncode == 0, straight.stderr
+    out = tmp_path / "run"
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "tinyamp.distributed", *small, "--out", str(out)]
+    stopped = subprocess.run([*cmd, "--fault", "sigint@2:1"], cwd=ROOT, env=environment(), capture_output=True,
+                             text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert stopped.returncode == 130, stopped.stderr
+    printed = stopped.stderr.strip().splitlines()[-1].split()  # "mpiexec -n 2 python -m tinyamp.distributed ..."
+    assert printed[:5] == ["mpiexec", "-n", "2", "python", "-m"], printed
+    again = subprocess.run(["mpiexec", "-n", "2", sys.executable, *printed[4:], "--quiet"],
+                           cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    a, b = read_checkpoint(tmp_path / "straight" / "checkpoint.npz"), read_checkpoint(out / "checkpoint.npz")
+    for part in ("model", "optimizer", "scaler"):
+        assert_same(a[part], b[part], part)
+    assert regime_of(out)["series"] == regime_of(tmp_path / "straight")["series"]
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Two checkpoint contents equal bit for bit (arrays by their bytes)."""
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.tobytes() == b.tobytes(), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}/{i}")
+    else:
+        assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
+
+
+# ---- edges of the command --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--steps", str(2**70)], f"--steps must be a whole number from 1 to 100,000 (a checkpoint keeps the loss "
+                                  f"scale of every step); got {2**70}"),
+        (["--resume", "/dev/zero"], "--resume: /dev/zero is not a checkpoint: it is a device"),
+        (["--resume", str(ROOT)], f"--resume: {ROOT} is not a checkpoint: it is a folder"),
+    ],
+    ids=["steps-2**70", "device", "folder"],
+)  # fmt: skip
+def test_values_that_would_run_forever_or_hang_are_refused_in_one_sentence(args: list[str], says: str) -> None:
+    done = tinyamp("train", "--quiet", *args, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in one_line(done.stderr, "tinyamp: error: ") and done.stdout == ""
+
+
+def test_a_fifo_given_to_resume_is_refused_without_being_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "checkpoint.npz"
+    os.mkfifo(fifo)
+    done = tinyamp("train", "--quiet", "--resume", str(fifo), timeout=60)  # opening it would block: the timeout fails
+    assert done.returncode == 2, done.stderr
+    assert f"--resume: {fifo} is not a checkpoint: it is a named pipe (FIFO)" in one_line(done.stderr, "tinyamp: ")
+
+
+@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "mpiexec"])
+def test_a_bogus_engine_room_setting_is_one_sentence_and_exit_2(ranks: int) -> None:
+    if ranks:
+        needs_mpiexec()
+    cmd = [sys.executable, "-m", "tinyamp", "train", "--steps", "2", "--quiet"]
+    cmd = ["mpiexec", "-n", str(ranks), *cmd] if ranks else cmd
+    done = subprocess.run(cmd, cwd=ROOT, env=environment(TINYAMP_ENGINE_ROOM="bogus"), capture_output=True,
+                          text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    said = one_line(done.stderr, "tinyamp: error: ")
+    assert "TINYAMP_ENGINE_ROOM='bogus' is neither on nor off" in said
+
+
+def test_a_program_importing_tinyamp_with_a_bogus_engine_room_setting_gets_the_exception() -> None:
+    script = "import tinyamp"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=environment(TINYAMP_ENGINE_ROOM="of"),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert done.returncode == 1
+    assert "EngineRoomSettingError: TINYAMP_ENGINE_ROOM='of' is neither on nor off" in done.stderr
+
+
+def test_a_checkpoint_moved_aside_by_a_run_killed_mid_swap_is_put_back_before_resume_reads_it(tmp_path: Path) -> None:
+    run, newer = tmp_path / "run", tmp_path / "newer"
+    assert tinyamp("train", "--steps", "4", "--quiet", "--out", str(run)).returncode == 0
+    assert tinyamp("train", "--steps", "3", "--quiet", "--out", str(newer)).returncode == 0
+    # SIGKILL between the swap's two renames: NAME moved aside, the new set not yet in its place
+    run.rename(tmp_path / ".run.tinyamp-old-0a1b2c3d")
+    newer.rename(tmp_path / ".run.tinyamp-new-4e5f6a7b")
+    done = tinyamp("train", "--resume", str(run / "checkpoint.npz"), "--steps", "5", "--extend", "--quiet",
+                   "--out", str(run))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "put back run, which a killed run had moved aside to .run.tinyamp-old-0a1b2c3d" in done.stderr
+    assert "removed .run.tinyamp-new-4e5f6a7b, left by a run killed while writing" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert read_checkpoint(run / "checkpoint.npz")["extra"]["train"]["step"] == 5
+
+
+def test_a_leftover_reported_removed_is_gone(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert tinyamp("train", "--steps", "2", "--quiet", "--out", str(run)).returncode == 0
+    (tmp_path / ".run.tinyamp-old-0a1b2c3d").write_text("a file, not a folder")  # rmtree alone would not remove it
+    done = tinyamp("train", "--steps", "2", "--quiet", "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    assert "removed .run.tinyamp-old-0a1b2c3d, left by a run killed while writing" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.skipif(not os.path.ismount("/proc"), reason="needs /proc mounted")
+def test_an_out_folder_that_cannot_be_renamed_is_refused_before_training() -> None:
+    done = tinyamp("train", "--steps", "2", "--quiet", "--out", "/proc")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--out /proc: this is a mount point" in one_line(done.stderr, "tinyamp: error: ")
+
+
+def started_training(*args: str) -> tuple[subprocess.Popen[bytes], bytes]:
+    """``python -m tinyamp args`` started, returned once its progress bar shows it taking steps."""
+    cmd = [sys.executable, "-m", "tinyamp", *args]
+    process = subprocess.Popen(cmd, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    while b"it/s" not in seen and b"s/it" not in seen:  # tqdm's rate: steps are being taken
+        byte = process.stderr.read(1)  # type: ignore[union-attr]
+        assert byte, seen.decode(errors="replace")
+        seen += byte
+    return process, seen
+
+
+def test_a_second_run_on_the_same_out_folder_is_refused_naming_the_first(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first, _ = started_training("train", "--steps", "100000", "--out", str(out))
+    try:
+        second = tinyamp("train", "--steps", "2", "--quiet", "--out", str(out))
+        assert second.returncode == 2 and second.stdout == ""
+        said = one_line(second.stderr, "tinyamp: error: ")
+        assert f"--out {out}: another tinyamp run is writing this folder (process {first.pid}: " in said
+        assert "--steps 100000" in said
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=TIMEOUT_S)
+    assert first.returncode == 130  # the first run saved where it stopped: nothing of it was lost
+    assert 0 < read_checkpoint(out / "checkpoint.npz")["extra"]["train"]["step"] < 100_000
+    again = tinyamp("train", "--steps", "2", "--quiet", "--out", str(out))  # the folder is free again
+    assert again.returncode == 0, again.stderr

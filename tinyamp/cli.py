@@ -18,7 +18,6 @@ replaced as a unit (experiments/output_folder.py): a failed run leaves it as it 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import sys
@@ -30,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises import command as exercises_command
+from tinyamp.experiments import history as run_history
 from tinyamp.experiments import run_settings
+from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
 from tinyamp.fast.allocator import keep_freed_memory
@@ -48,6 +49,9 @@ EXIT_STATUS = (
 DEMO_MLP_STEPS = 1500
 DEMO_TRANSFORMER_STEPS = 150
 TRANSFORMER_TOLERANCE = 0.05  # nats: how close mixed precision's validation loss must come to FP32's
+
+
+_LOCKED: list[Any] = []  # the output folders this command holds (OutputFolder.lock), let go when main() returns
 
 
 class UsageError(Exception):
@@ -117,22 +121,6 @@ def info() -> int:
 
 
 # ---- shared pieces ------------------------------------------------------------------------------------
-def _one_blas_thread() -> Any:
-    """Run BLAS on one thread (threadpoolctl), whatever the machine has.
-
-    OpenBLAS splits a product's work differently with another thread count, and the float32
-    sums round differently: the same run gave other weights with 2 threads than with 1
-    (tests/test_cli.py checks that the command's do not).  The demo's products are small (the
-    largest, in the transformer, is 1024x64 by 64x256, and its two gradient products are the
-    same size); benchmarks/demo_time.py measures what one thread costs them.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # a dependency; without it the run is the same, its bits may depend on the cores
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 def _progress(quiet: bool) -> Callable[..., Any] | None:
     """tqdm's bar class (imported only when a bar is shown), or None for --quiet."""
     if quiet:
@@ -350,8 +338,10 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--resume: {exc}") from exc
     try:
         saved = run_settings.checked_extra(extra, args.resume)
+        past = None if "history" not in extra else run_history.from_extra(extra["history"], saved["step"], args.resume)
     except ValueError as exc:
         raise UsageError(f"--resume {exc}") from exc
+    args.history = past
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
         given = getattr(args, key)
         if given is not None and given != saved[key]:
@@ -383,6 +373,16 @@ def _check_batch_size(task: Any) -> None:
         raise UsageError(f"--batch-size {task.batch_size} is more than the {available:,} {what}; pass at most that")
 
 
+def _recover_folders(resume: str | None) -> None:
+    """Put back the folder --resume reads from, when a run killed in the middle of its swap moved it aside."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    if resume is not None and resume.strip():
+        folder = Path(os.path.abspath(resume)).parent
+        for sentence in OutputFolder(folder).recover():
+            print(f"tinyamp: {folder}: {sentence}", file=sys.stderr)
+
+
 def _output_folder(path: str | None, flag: str = "--out") -> Any:
     """The OutputFolder for --out, cleaned of a killed run's leftovers and checked before training."""
     from tinyamp.experiments.output_folder import OutputFolder
@@ -392,6 +392,8 @@ def _output_folder(path: str | None, flag: str = "--out") -> Any:
     if not path.strip():
         raise UsageError(f"{flag} needs a folder name, e.g. {flag} runs/mlp")
     out = OutputFolder(path, flag)
+    out.lock()  # until main() returns: a second run on this folder is refused, naming this process
+    _LOCKED.append(out)
     for sentence in out.recover():
         print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
     previous = out.check()
@@ -418,12 +420,13 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     if args.checkpoint_every is not None and args.out is None:
         raise UsageError("--checkpoint-every writes into the output folder; it needs --out DIR")
     _check_device(args.device)
+    out = _output_folder(args.out)  # locked, and a killed run's leftovers put back or removed
+    _recover_folders(args.resume)  # a run killed mid-swap may have moved the checkpoint aside
     saved = _read_resume(args) if args.resume is not None else None
     args.model = args.model or "mlp"
     args.precision = args.precision or "mixed"
     args.seed = 0 if args.seed is None else args.seed
     _check_precision(args.precision, args.device)
-    out = _output_folder(args.out)
     overrides = {k: getattr(args, k) for k in ("batch_size", "lr", "schedule") if getattr(args, k) is not None}
     task = TASKS[args.model](seed=args.seed, device=args.device, **overrides)
     _check_batch_size(task)
@@ -452,8 +455,10 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         "lr": task.lr, "seed": args.seed, "schedule": task.schedule, "total_steps": args.steps,
     }  # fmt: skip
 
+    history = getattr(args, "history", None) or run_history.new(start)  # the steps before `start`, if saved
+
     def save(folder: Path, step: int) -> str:
-        extra = {"train": {**settings, "step": step}}
+        extra = {"train": {**settings, "step": step}, "history": run_history.to_extra(history, step)}
         save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, extra)
         return "checkpoint.npz"
 
@@ -483,10 +488,13 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
             result, setup = run_regime(
                 task, args.precision, args.steps, scaler, setup=setup, start=start, progress=_progress(args.quiet),
                 memory=args.memory, after_step=after_step, on_loss=None if good is None else good.on_loss,
+                history=history,
             )  # fmt: skip
         except Interrupted as exc:
             return _interrupted(exc, out, save_unit, args.steps)
         print(format_table([result]))
+        if result.resumed_at:
+            print(_resumed_note(result))
         if args.memory:
             from tinyamp.inspect import format_training_memory
 
@@ -518,6 +526,18 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         print(f"tinyamp: {stop.name} arrived after the last step; the finished run was written", file=sys.stderr)
         return 128 + (stop.signum or 0)
     return 0
+
+
+def _resumed_note(result: Any) -> str:
+    """Under the table of a resumed run: which steps it covers, and where the run was resumed."""
+    at = ", ".join(map(str, result.resumed_at))
+    end = result.first_step + len(result.series["loss"])
+    if result.first_step:
+        return (f"* steps {result.first_step} to {end} (resumed at step {at}; the checkpoint it resumed from held no "
+                "history of the steps before)")  # fmt: skip
+    return (
+        f"* the whole run, steps 0 to {end}: resumed at step {at} from its checkpoint, which carried the steps before"
+    )
 
 
 def _interrupted(exc: Interrupted, out: Any, save_unit: Callable[[int], None], total: int) -> int:
@@ -613,9 +633,8 @@ def main(argv: list[str] | None = None) -> int:
                 from tinyamp.distributed.train import run_distributed
             except ImportError as exc:  # no mpi4py: the message says how to install it
                 raise UsageError(str(exc)) from exc
-            with _one_blas_thread():
-                return run_distributed(args)
-        with handle_signals() as stop, _one_blas_thread():
+            return run_distributed(args)  # on one BLAS thread, as below (blas_threads.py)
+        with handle_signals() as stop, one_blas_thread():
             return demo(args, stop) if args.command == "demo" else train(args, stop)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
@@ -636,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside the main thread no handler is installed
         print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)
         return 130
+    finally:
+        while _LOCKED:
+            _LOCKED.pop().unlock()
 
 
 if __name__ == "__main__":  # pragma: no cover

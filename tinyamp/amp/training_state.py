@@ -33,6 +33,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -318,6 +319,11 @@ def _read(path: str, budget: ArrayBudget, only_extra: bool = False) -> Any:
     `only_extra`, its decoded ``extra`` alone, only those arrays read and counted)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
+    kind = os.stat(path).st_mode
+    if not stat.S_ISREG(kind):  # a FIFO or a terminal would block the read below; a device may never end
+        what = "a folder" if stat.S_ISDIR(kind) else "a named pipe (FIFO)" if stat.S_ISFIFO(kind) else "a device"
+        what = "a socket" if stat.S_ISSOCK(kind) else what
+        raise CheckpointError(f"{path} is not a checkpoint: it is {what}, not a file save_checkpoint wrote")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic.startswith(b"\x93NUMPY"):

@@ -41,7 +41,9 @@ from tinyamp.distributed.communicator import (
 )
 from tinyamp.distributed.data_parallel import DataParallel
 from tinyamp.distributed.faults import Fault, parse_at
+from tinyamp.experiments import history as run_history
 from tinyamp.experiments import run_settings
+from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.measure import LostUpdateMeter
 from tinyamp.experiments.regimes import REGIMES, Setup, make_scaler
@@ -50,6 +52,9 @@ from tinyamp.tensor import Tensor
 DEFAULT_STEPS = 1500  # as `tinyamp train`
 SHARED = ("model", "precision", "scaler", "steps", "batch_size", "lr", "schedule", "seed", "device", "reduce_dtype",
           "zero", "agree", "micro_batches", "resume", "checkpoint_every", "out", "overflow_at")  # fmt: skip
+
+
+_LOCKED: list[Any] = []  # the output folder rank 0 holds (OutputFolder.lock), let go when the run returns
 
 
 class DistributedUsageError(Exception):
@@ -238,7 +243,7 @@ def run_distributed(args: Any) -> int:
     except backend.DeviceError as exc:  # no GPU, no NCCL: every rank finds it alone, before any collective
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
-    with handle_signals() as stop, abort_on_error(comm):
+    with handle_signals() as stop, abort_on_error(comm), one_blas_thread():  # the same bits as `tinyamp train`
         try:
             check_same_settings(comm, settings)
             return _train(args, settings, comm, stop)
@@ -246,6 +251,9 @@ def run_distributed(args: Any) -> int:
             if comm.rank == 0:
                 print(f"tinyamp: error: {exc}", file=sys.stderr)
             return 2
+        finally:
+            while _LOCKED:
+                _LOCKED.pop().unlock()
 
 
 def _problem(s: dict[str, Any], size: int) -> str | None:
@@ -283,7 +291,10 @@ def _resume_settings(s: dict[str, Any]) -> dict[str, Any]:
     from tinyamp.amp.training_state import read_extra
 
     try:
-        saved = run_settings.checked_extra(read_extra(s["resume"]), s["resume"])
+        extra = read_extra(s["resume"])
+        saved = run_settings.checked_extra(extra, s["resume"])
+        if "history" in extra:
+            run_history.from_extra(extra["history"], saved["step"], s["resume"])  # checked here, read on every rank
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DistributedUsageError(f"--resume: {exc}") from exc
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
@@ -292,6 +303,18 @@ def _resume_settings(s: dict[str, Any]) -> dict[str, Any]:
                                         f"{saved[key]}: a resumed run keeps its settings")  # fmt: skip
         s[key] = saved[key]
     return saved
+
+
+def _recovered_then(s: dict[str, Any], read: Any) -> Any:
+    """Put back what a run killed mid-swap moved aside (in --out and the folder of --resume), then ``read(s)``."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    folders = [_held_folder(s["out"])] if s["out"] else []  # locked first: no other run is swapping it
+    folders.append(OutputFolder(Path(s["resume"]).absolute().parent))
+    for folder in folders:
+        for sentence in folder.recover():
+            print(f"tinyamp: {folder.path}: {sentence}", file=sys.stderr)
+    return read(s)
 
 
 def _check_loads(path: str, model: Any, make_optimizer: Any, regime: Any, scaler_name: str) -> None:
@@ -315,11 +338,13 @@ def _check_loads(path: str, model: Any, make_optimizer: Any, regime: Any, scaler
 
 def _shared_from_rank0(comm: Communicator, fn: Any) -> Any:
     """Run `fn` on rank 0 only and give its JSON value to every rank; its error becomes every rank's error."""
+    from tinyamp.experiments.output_folder import OutputFolderError
+
     value, error = None, None
     if comm.rank == 0:
         try:
             value = fn()
-        except DistributedUsageError as exc:
+        except (DistributedUsageError, OutputFolderError) as exc:  # (these name their option)
             error = str(exc)
         except (OSError, ValueError) as exc:
             error = f"--resume: {exc}"
@@ -363,7 +388,7 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
 
     saved = None
     if s["resume"]:  # read on rank 0 alone, before the other ranks touch the file; the verdict is shared
-        saved = _shared_from_rank0(comm, lambda: _resume_settings(s))
+        saved = _shared_from_rank0(comm, lambda: _recovered_then(s, _resume_settings))
         for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
             s[key] = saved[key]  # as _resume_settings set them on rank 0
     start = saved["step"] if saved else 0
@@ -416,8 +441,17 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     if comm.rank == 0 and extension is not None:
         print(extension)
 
+    history = run_history.new(start)
+    if start:  # the steps before `start`, read by every rank (rank 0 has checked them): every rank's result covers them
+        from tinyamp.amp.training_state import read_extra
+
+        extra = read_extra(s["resume"])
+        if "history" in extra:
+            history = run_history.from_extra(extra["history"], start, s["resume"])
+
     def save(folder: Path, step: int, twin: Any) -> str:
-        extra = {"train": {**train, "step": step}, "distributed": distributed}
+        extra = {"train": {**train, "step": step}, "distributed": distributed,
+                 "history": run_history.to_extra(history, step)}  # fmt: skip
         save_checkpoint(folder / "checkpoint.npz", twin[0], twin[1], setup.scaler, extra)
         return "checkpoint.npz"
 
@@ -449,7 +483,8 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         try:
             result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
                                    progress=bar, memory=bool(getattr(args, "memory", False)),
-                                   after_step=after_step, on_loss=good.on_loss if writes else None)  # fmt: skip
+                                   after_step=after_step, on_loss=good.on_loss if writes else None,
+                                   history=history)  # fmt: skip
         except Interrupted as exc:
             if comm.rank == 0:
                 _say_stopped(exc, s, comm.size, out)
@@ -518,8 +553,21 @@ def _say_stopped(exc: Interrupted, s: dict[str, Any], ranks: int, out: Any) -> N
           f"--resume {checkpoint_path} --out {out.path}{''.join(' ' + f for f in flags)}", file=sys.stderr)  # fmt: skip
 
 
+def _held_folder(path: str) -> Any:
+    """Rank 0's OutputFolder for --out, locked against other runs (until run_distributed returns)."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    for held in _LOCKED:
+        if held.path == Path(path).absolute():
+            return held
+    out = OutputFolder(path, "--out")
+    out.lock()
+    _LOCKED.append(out)
+    return out
+
+
 def _checked_folder(folder_type: Any, path: str) -> Any:
-    out = folder_type(path, "--out")
+    out = _held_folder(path)
     for sentence in out.recover():
         print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
     out.check()

@@ -55,12 +55,13 @@ def nonfinite_weights(model: Any) -> tuple[int, int]:
 def explain(task: Any, setup: Any, result: Any, start: int) -> str:
     """One paragraph: when the run diverged, what state it left, and the first op out of range."""
     losses = result.series["loss"]
-    first_bad = next((start + i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    first = getattr(result, "first_step", start)  # the step of losses[0]
+    first_bad = next((first + i for i, v in enumerate(losses) if not math.isfinite(v)), None)
     lines = []
     if getattr(result, "stopped", None):
         lines.append(result.stopped.rstrip("."))
     if first_bad is not None:
-        lines.append(f"the loss is first {losses[first_bad - start]} at step {first_bad}")
+        lines.append(f"the loss is first {losses[first_bad - first]} at step {first_bad}")
     if mostly_skipped(result) and not getattr(result, "stopped", None):
         lines.append(
             f"{result.skipped_steps} of {len(losses)} steps were skipped for non-finite gradients, more than "
@@ -75,7 +76,7 @@ def explain(task: Any, setup: Any, result: Any, start: int) -> str:
             f"{bad:,} of {total:,} weights are inf or NaN: an update overflowed (learning rate {task.lr:g}); "
             "skipping later steps cannot repair weights that are already gone"
         )
-    batch = next(task.batches(start=start + len(losses)))
+    batch = next(task.batches(start=first + len(losses)))
     with find_overflow(setup.model, dtype=setup.regime.low_precision or "float32") as found:
         setup.optimizer.zero_grad()
         with setup.autocast(), np.errstate(all="ignore"):

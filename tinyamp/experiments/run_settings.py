@@ -23,6 +23,9 @@ PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
 SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
 SCHEDULES = ("cosine", "constant")
 MAX_SEED = 2**63 - 1  # NumPy's generators take any non-negative integer; this bound keeps it an int64
+# A checkpoint keeps the loss scaler's history of every step (about 500 bytes of parsed
+# metadata a step, amp/checkpoint_file.py); 100,000 steps stay within what one may hold.
+MAX_STEPS = 100_000
 
 
 def _is_int(value: Any) -> bool:
@@ -34,7 +37,14 @@ def problem(name: str, value: Any) -> str | None:
     choices = {"model": MODELS, "precision": PRECISIONS, "scaler": SCALERS, "schedule": SCHEDULES}
     if name in choices:
         return None if value in choices[name] else f"must be one of {', '.join(choices[name])}; got {value!r}"
-    if name in ("steps", "total_steps", "batch_size"):
+    if name in ("steps", "total_steps"):
+        if _is_int(value) and 1 <= value <= MAX_STEPS:
+            return None
+        return (
+            f"must be a whole number from 1 to {MAX_STEPS:,} (a checkpoint keeps the loss scale of every step); "
+            f"got {value!r}"
+        )
+    if name == "batch_size":
         return None if _is_int(value) and value >= 1 else f"must be a whole number of at least 1; got {value!r}"
     if name in ("step", "checkpoint_every"):
         return None if _is_int(value) and value >= 0 else f"must be a whole number of at least 0; got {value!r}"

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp.amp import MasterWeights
+from tinyamp.experiments import history as run_history
 from tinyamp.experiments import measure
 from tinyamp.experiments.regimes import REGIMES, Setup, bfloat16_available, build
 from tinyamp.experiments.results import RegimeResult
@@ -59,6 +60,7 @@ def run_regime(
     memory: bool = False,
     after_step: Callable[[int], None] | None = None,
     on_loss: Callable[[int, float, bool], None] | None = None,
+    history: dict[str, Any] | None = None,
 ) -> tuple[RegimeResult, Setup]:
     """Train `task` in `regime` for `steps` steps (from step `start` of a resumed `setup`).
 
@@ -73,16 +75,18 @@ def run_regime(
     result covers the steps done, and ``result.stopped`` holds the error's sentence.
     Steps are measured when ``step % measure_every == 0`` (and the last), counted from the
     start of the run, not of this call: a resumed run measures the steps an uninterrupted one would.
+    `history` (``experiments.history``: the series of the steps before `start`, from a
+    checkpoint) is appended to in place, so that the result covers the whole run.
     """
     spec = REGIMES[regime]
     if setup is None:
         setup = build(spec, task.make_model(), task.make_optimizer, scaler)
     reference = copy.deepcopy(setup.model).float()  # for the true (FP32) gradients; reloaded when measuring
     fmt = spec.low_precision or "float16"  # FP32's row shows nothing; the census still runs on it for the figure
-    series: dict[str, list[Any]] = {"loss": [], "scale": [], "skipped": [], "lr": []}
-    measured: dict[str, list[Any]] = {
-        "step": [], "changed": [], "lost": [], "underflow_fraction": [], "underflow_norm_fraction": []
-    }  # fmt: skip
+    history = run_history.new(start) if history is None else history
+    series: dict[str, list[Any]] = history["series"]  # per step, from the run's first step
+    measured: dict[str, list[Any]] = history["measured"]
+    first = history["first_step"]
     saved = None
     step_seconds: list[float] = []  # the timed steps' wall times
     grads, scale = np.zeros(0), 1.0
@@ -149,7 +153,7 @@ def run_regime(
     seconds = time.perf_counter() - began
     held = training_memory(setup.model, setup.optimizer) if memory else {}
     metrics = task.evaluate(setup.model, setup.autocast)
-    late = max(start, steps - max(1, int(round(LATE * (steps - start)))))
+    late = max(first, steps - max(1, int(round(LATE * (steps - first)))))
     result = RegimeResult(
         regime=regime,
         task=task.name,
@@ -181,6 +185,8 @@ def run_regime(
         },
         memory={"held_bytes": held, "peak_step_bytes": peak} if memory else {},
         stopped=stopped,
+        first_step=first,
+        resumed_at=list(history["resumed_at"]),
     )
     return result, setup
 
