@@ -12,7 +12,6 @@ implementations of the same bits behind ``tinyamp.kernels`` here, at import; set
 environment variable ``TINYAMP_ENGINE_ROOM=off`` to run the reference code alone.
 """
 
-
 from tinyamp import backend, cuda, fast, kernels, nn, ops, optim
 from tinyamp.autograd import GradientError
 from tinyamp.backend import DeviceError, cuda_is_available
