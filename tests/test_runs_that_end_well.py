@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -435,3 +436,49 @@ def test_a_second_run_on_the_same_out_folder_is_refused_naming_the_first(tmp_pat
     assert 0 < read_checkpoint(out / "checkpoint.npz")["extra"]["train"]["step"] < 100_000
     again = tinyamp("train", "--steps", "2", "--quiet", "--out", str(out))  # the folder is free again
     assert again.returncode == 0, again.stderr
+
+
+def numpy_loaded(pid: int) -> bool:
+    """Whether process `pid` has mapped NumPy's compiled core (tinyamp imports it after its start-up handler)."""
+    try:
+        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps (Linux)")
+@pytest.mark.parametrize("after", [0.0, 0.03, 0.1])
+def test_ctrl_c_while_the_command_starts_ends_quietly_with_130(after: float) -> None:
+    """From `import tinyamp` on (NumPy loaded), a Ctrl-C during the imports is one line, not a traceback."""
+    cmd = [sys.executable, "-m", "tinyamp", "train", "--steps", "100000", "--quiet"]  # still running at any delay
+    process = subprocess.Popen(cmd, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    while not numpy_loaded(process.pid):
+        assert process.poll() is None
+        time.sleep(0.001)
+    time.sleep(after)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=TIMEOUT_S)
+    stderr = err.decode()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert "tinyamp: stopped by SIGINT" in stderr and "nothing was written" in stderr
+
+
+def test_ctrl_c_pressed_again_and_again_says_truly_what_the_folder_holds(tmp_path: Path) -> None:
+    """Ctrl-C every 20 ms until the run ends: a second one abandons the step or the save in progress, and the
+    message names what the folder then holds (never "step None ... nothing was written" beside a checkpoint)."""
+    out = tmp_path / "run"
+    process, _ = started_training("train", "--steps", "100000", "--checkpoint-every", "1", "--out", str(out))
+    while process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    stderr = process.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "None" not in stderr, stderr
+    checkpoint = out / "checkpoint.npz"
+    if not checkpoint.exists():
+        assert f"{out} holds no checkpoint of this run" in stderr, stderr
+        return
+    step = read_checkpoint(checkpoint)["extra"]["train"]["step"]
+    assert json.loads((out / "tinyamp-run.json").read_text())["step"] == step
+    assert f"{checkpoint} holds step {step} of 100000" in stderr or f"at step {step} of 100000; wrote" in stderr

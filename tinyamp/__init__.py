@@ -12,6 +12,7 @@ implementations of the same bits behind ``tinyamp.kernels`` here, at import; set
 environment variable ``TINYAMP_ENGINE_ROOM=off`` to run the reference code alone.
 """
 
+from tinyamp import _startup  # noqa: F401, I001  (first: a quiet Ctrl-C while the command starts)
 from tinyamp import backend, cuda, fast, kernels, nn, ops, optim
 from tinyamp.autograd import GradientError
 from tinyamp.backend import DeviceError, cuda_is_available

@@ -58,8 +58,9 @@ def refuse_engine_room_setting(exc: EngineRoomSettingError) -> None:
     """
     import os
 
-    argv0 = sys.argv[0] if sys.argv else ""
-    if argv0 == "-m" or os.path.basename(argv0) == "tinyamp":
+    from tinyamp._startup import running_as_command
+
+    if running_as_command():
         rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         if rank == "0":  # under mpiexec every rank exits 2; the first says why
             print(f"tinyamp: error: {exc}", file=sys.stderr)

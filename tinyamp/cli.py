@@ -10,7 +10,8 @@
 
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
 run diverged (the message says when and why; `train --out` keeps its results, marked
-diverged, and the checkpoint of its last good step); 130/143 stopped by Ctrl-C/SIGTERM, after
+diverged, and the checkpoint of its last good step); 74 standard output could not be
+written (closed or full: the run's files were written, and stderr says where); 130/143 stopped by Ctrl-C/SIGTERM, after
 `train --out` saved a checkpoint at the end of the current step.  An output folder is
 replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was.
 """
@@ -18,6 +19,7 @@ replaced as a unit (experiments/output_folder.py): a failed run leaves it as it 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -39,10 +41,12 @@ from tinyamp.fast.allocator import keep_freed_memory
 DEVICES = ("cpu", "cuda")
 DEFAULT_TRAIN_STEPS = 1500
 DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
+STDOUT_FAILED = 74  # (sysexits' EX_IOERR) the run's files were written, but standard output could not be
 DIVERGED = 3  # the exit status of a diverged run (divergence.diverged): NaN or inf loss, scale 0, most steps skipped
 EXIT_STATUS = (
     "exit status: 0 done; 2 bad input (a message says what to type instead); 3 the run diverged (the message says "
-    "when and why); 130 or 143 stopped by Ctrl-C or SIGTERM (train --out saves a checkpoint first)"
+    "when and why); 74 standard output closed or full (the files were written); 130 or 143 stopped by Ctrl-C or "
+    "SIGTERM (train --out saves a checkpoint first)"
 )
 
 # The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
@@ -52,6 +56,7 @@ TRANSFORMER_TOLERANCE = 0.05  # nats: how close mixed precision's validation los
 
 
 _LOCKED: list[Any] = []  # the output folders this command holds (OutputFolder.lock), let go when main() returns
+_WRITTEN: list[Path] = []  # the output folders this command has written into
 
 
 class UsageError(Exception):
@@ -177,7 +182,9 @@ def _write_outputs(
             print("figures skipped: matplotlib is not installed (pip install 'tinyamp[plots]')")
         return written
 
-    return out.write(fill, manifest)
+    written = out.write(fill, manifest)
+    _WRITTEN[:] = [out.path]
+    return written
 
 
 # ---- tinyamp demo --------------------------------------------------------------------------------
@@ -465,6 +472,7 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     def save_unit(step: int) -> None:
         manifest = {"command": "train", "finished": False, "step": step, "total_steps": args.steps}
         out.write(lambda folder: [save(folder, step)], manifest)
+        _WRITTEN[:] = [out.path]
 
     every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
     good = None
@@ -540,13 +548,36 @@ def _resumed_note(result: Any) -> str:
     )
 
 
+def _kept(path: Path) -> str:
+    """What the output folder at `path` holds now, as the end of a sentence: a checkpoint to resume, or nothing."""
+    from tinyamp.experiments.output_folder import read_manifest
+
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest is None or "checkpoint.npz" not in manifest["files"]:
+        return f"{path} holds no checkpoint of this run"
+    checkpoint = path / "checkpoint.npz"
+    return (
+        f"{checkpoint} holds step {manifest.get('step')} of {manifest.get('total_steps')}. Continue with:\n"
+        f"  tinyamp train --resume {checkpoint} --out {path}"
+    )
+
+
 def _interrupted(exc: Interrupted, out: Any, save_unit: Callable[[int], None], total: int) -> int:
     """Save the run where the signal stopped it (with --out), say how to continue, return 128 + signal."""
-    if out is None or exc.step is None:
+    if out is None:
         print(f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; nothing was written "
               "(with --out DIR a stopped run leaves a checkpoint to resume from)", file=sys.stderr)  # fmt: skip
         return exc.exit_status
-    save_unit(exc.step)
+    if exc.step is None:  # a second signal, in the middle of a step or of a save: that one was abandoned
+        print(f"\ntinyamp: stopped by a second {exc.name} before the step or save in progress ended; "
+              f"{_kept(out.path)}", file=sys.stderr)  # fmt: skip
+        return exc.exit_status
+    try:
+        save_unit(exc.step)
+    except Interrupted as again:  # the save was abandoned as a whole: the folder is as it was
+        print(f"\ntinyamp: stopped by a second {again.name} while saving step {exc.step}; {_kept(out.path)}",
+              file=sys.stderr)  # fmt: skip
+        return again.exit_status
     checkpoint = out.path / "checkpoint.npz"
     print(
         f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; wrote {checkpoint}. Continue with:\n"
@@ -617,9 +648,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _GuardedStdout:
+    """sys.stdout while `train` or `demo` runs: a write that fails (stdout closed, full, a reader gone) is
+    recorded, not raised, so that the run goes on to write its files; main() reports it at the end."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.error: str | None = None if stream is not None else "it is closed"
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError) as exc:  # ValueError: a closed file object
+                self.error = getattr(exc, "strerror", None) or str(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                self.error = getattr(exc, "strerror", None) or str(exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (see EXIT_STATUS)."""
     args = build_parser().parse_args(argv)
+    if args.command not in ("train", "demo"):
+        return _run(args)
+    if sys.stdout is None:  # started with stdout closed: keep fd 1 from being reused by a file the run opens
+        with contextlib.suppress(OSError):
+            if os.open(os.devnull, os.O_WRONLY) != 1:
+                raise OSError
+    guard, previous = _GuardedStdout(sys.stdout), sys.stdout
+    sys.stdout = guard  # type: ignore[assignment]
+    try:
+        status = _run(args)
+        guard.flush()
+    finally:
+        sys.stdout = previous
+    if guard.error is None:
+        return status
+    if previous is not None:
+        with contextlib.suppress(OSError, ValueError):  # the exit's own flush of what is left must stay quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), previous.fileno())
+    where = f"; the run's files are in {', '.join(map(str, _WRITTEN))}" if _WRITTEN else ""
+    print(f"tinyamp: could not write to standard output ({guard.error}): the printed results are lost{where}",
+          file=sys.stderr)  # fmt: skip
+    return status or STDOUT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command `args` names; its exit status."""
+    _WRITTEN.clear()
     try:
         if args.command == "info":
             return info()
@@ -650,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
     except Interrupted as exc:
-        print(f"\ntinyamp: stopped by {exc.name}; nothing was written", file=sys.stderr)
+        kept = "; ".join(_kept(folder.path) for folder in _LOCKED) or "nothing was written"
+        print(f"\ntinyamp: stopped by {exc.name}; {kept}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:  # outside the main thread no handler is installed
         print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)
