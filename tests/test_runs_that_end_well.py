@@ -7,6 +7,7 @@ nothing the run produced is lost.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -482,3 +483,102 @@ def test_ctrl_c_pressed_again_and_again_says_truly_what_the_folder_holds(tmp_pat
     step = read_checkpoint(checkpoint)["extra"]["train"]["step"]
     assert json.loads((out / "tinyamp-run.json").read_text())["step"] == step
     assert f"{checkpoint} holds step {step} of 100000" in stderr or f"at step {step} of 100000; wrote" in stderr
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+def test_a_stdout_that_cannot_be_written_loses_no_file_and_says_so_on_stderr(tmp_path: Path, stdout: str) -> None:
+    if stdout == "/dev/full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tinyamp", "train", "--steps", "20", "--quiet", "--out", str(out)]
+    if stdout == "closed":
+        done = subprocess.run(cmd, cwd=ROOT, env=environment(), stderr=subprocess.PIPE, text=True,
+                              timeout=TIMEOUT_S, preexec_fn=lambda: os.close(1))  # fmt: skip
+        why = "it is closed"
+    else:
+        with open(stdout, "w") as full:
+            done = subprocess.run(cmd, cwd=ROOT, env=environment(), stdout=full, stderr=subprocess.PIPE, text=True,
+                                  timeout=TIMEOUT_S)  # fmt: skip
+        why = "No space left on device"
+    assert done.returncode == 74, done.stderr
+    said = one_line(done.stderr, "tinyamp: could not write to standard output")
+    assert f"({why}): the printed results are lost; the run's files are in {out}" in said
+    manifest = json.loads((out / "tinyamp-run.json").read_text())
+    assert manifest["finished"] and "results.json" in manifest["files"]
+    assert read_checkpoint(out / "checkpoint.npz")["extra"]["train"]["step"] == 20
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_rank_started_without_distributed_is_refused_with_the_others_at_once(which: int) -> None:
+    needs_mpiexec()
+    train = [sys.executable, "-m", "tinyamp", "train", "--steps", "3", "--quiet"]
+    ranks = [train, [*train, "--distributed"]]
+    ranks = ranks if which == 0 else ranks[::-1]
+    cmd = ["mpiexec", "-n", "1", *ranks[0], ":", "-n", "1", *ranks[1]]
+    began = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 2, done.stderr
+    flags = "rank 0 False, rank 1 True" if which == 0 else "rank 0 True, rank 1 False"
+    assert f"started with different settings (--distributed: {flags})" in one_line(done.stderr, "tinyamp: error: ")
+    assert time.monotonic() - began < 60  # not the collective time-out (300 s): the check itself refused
+
+
+def rank_processes(marker: str) -> list[int]:
+    """The pids of the Python processes whose command line holds `marker` (the ranks of one job)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in argv and any(b"python" in a for a in argv[:1]) and b"mpiexec" not in argv[0]:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the ranks in /proc (Linux)")
+def test_the_collective_time_out_is_an_option_and_a_stopped_rank_ends_the_job_after_it(tmp_path: Path) -> None:
+    needs_mpiexec()
+    out = tmp_path / "run"
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "tinyamp", "train", "--distributed", "--timeout", "3",
+           "--steps", "100000", "--checkpoint-every", "1", "--quiet", "--out", str(out)]  # fmt: skip
+    job = subprocess.Popen(cmd, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (out / "tinyamp-run.json").exists():  # a first checkpoint: the ranks are training
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        ranks = rank_processes(str(out))
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), signal.SIGSTOP)  # one rank stops answering, as a rank stuck in a debugger would
+        stopped_at = time.monotonic()
+        _, stderr = job.communicate(timeout=TIMEOUT_S)
+        waited = time.monotonic() - stopped_at
+    finally:
+        for pid in rank_processes(str(out)):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        job.kill()
+    assert job.returncode != 0
+    assert "waited more than 3 s for the other ranks" in stderr, stderr[-2000:]
+    assert waited < 60, waited  # 3 s and the abort, not the default 300 s
+
+
+def test_the_time_out_is_checked_and_documented() -> None:
+    needs_mpiexec()
+    done = tinyamp("train", "--distributed", "--timeout", "-1", "--steps", "2", "--quiet", ranks=2)
+    assert done.returncode == 2
+    assert "--timeout must be a number of seconds > 0, e.g. --timeout 60; got -1.0" in one_line(
+        done.stderr, "tinyamp: error: "
+    )
+    alone = tinyamp("train", "--timeout", "5", "--steps", "2", "--quiet")
+    assert alone.returncode == 2 and "--timeout bounds the wait of a rank for the others; it needs --distributed" in (
+        one_line(alone.stderr, "tinyamp: error: ")
+    )
+    helped = tinyamp("train", "--help")
+    assert "--timeout SECONDS" in helped.stdout and "(default 300)" in helped.stdout
+    from tinyamp.cli import DEFAULT_TIMEOUT_S
+    from tinyamp.distributed.communicator import DEFAULT_TIMEOUT_S as USED
+
+    assert DEFAULT_TIMEOUT_S == USED

@@ -39,6 +39,7 @@ from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDU
 from tinyamp.fast.allocator import keep_freed_memory
 
 DEVICES = ("cpu", "cuda")
+DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
 DEFAULT_TRAIN_STEPS = 1500
 DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
 STDOUT_FAILED = 74  # (sysexits' EX_IOERR) the run's files were written, but standard output could not be
@@ -640,6 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the dtype gradients are summed in across ranks (default float32)")  # fmt: skip
     t.add_argument("--zero", action="store_true", help="with --distributed: ZeRO stage 1, the FP32 masters and "
                    "optimizer state sharded across ranks")  # fmt: skip
+    t.add_argument("--timeout", type=float, metavar="SECONDS", help="with --distributed: how long a rank waits for "
+                   f"the others in a collective before the job is stopped (default {DEFAULT_TIMEOUT_S:g})")  # fmt: skip
     t.add_argument(
         "--memory", action="store_true", help="itemize the bytes held (weights, masters, moments, gradients) "
         "and measure the peak bytes of the last step"
@@ -702,6 +705,32 @@ def main(argv: list[str] | None = None) -> int:
     return status or STDOUT_FAILED
 
 
+def _mpi_job_size() -> int:
+    """How many ranks the MPI job this process belongs to has (1 outside mpiexec): MPICH's and Open MPI's variables."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _refuse_in_an_mpi_job(args: argparse.Namespace) -> int:
+    """A rank mpiexec started without --distributed: refuse, together with the ranks started with it.
+
+    Those ranks wait for every rank in their first collective (the check that all were started
+    alike), and would wait for this one until their time-out: so this rank takes part in that
+    check, which then fails on every rank with one message (distributed/train.py).
+    """
+    try:
+        from tinyamp.distributed.train import refuse_without_distributed
+    except ImportError:  # no mpi4py: no rank of this job can be a distributed one
+        raise UsageError(
+            f"this process is one of the {_mpi_job_size()} ranks mpiexec started; `tinyamp train` runs in one "
+            "process, or on every rank with --distributed"
+        ) from None
+    return refuse_without_distributed(args)
+
+
 def _run(args: argparse.Namespace) -> int:
     """The command `args` names; its exit status."""
     _WRITTEN.clear()
@@ -713,6 +742,10 @@ def _run(args: argparse.Namespace) -> int:
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
         if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
             raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")
+        if args.command == "train" and args.timeout is not None and not args.distributed:
+            raise UsageError("--timeout bounds the wait of a rank for the others; it needs --distributed")
+        if args.command == "train" and not args.distributed and _mpi_job_size() > 1:
+            return _refuse_in_an_mpi_job(args)
         if args.command == "train" and args.distributed:
             try:
                 from tinyamp.distributed.train import run_distributed

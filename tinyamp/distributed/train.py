@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -210,6 +211,7 @@ def settings_of(args: Any) -> dict[str, Any]:
     s["fault"] = getattr(args, "fault", None)
     s["extend"] = bool(getattr(args, "extend", False))
     s["tinyamp"], s["numpy"] = ta.__version__, np.__version__
+    s["distributed"] = True  # (refuse_without_distributed sends False)
     return s
 
 
@@ -238,8 +240,14 @@ def run_distributed(args: Any) -> int:
     (``micro_batches``, ``timeout``, ``overflow_at``, ``fault`` and ``dump`` optional).
     """
     settings = settings_of(args)
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None and not (0 < timeout < math.inf):  # before MPI starts; the same verdict on every rank
+        if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
+            print(f"tinyamp: error: --timeout must be a number of seconds > 0, e.g. --timeout 60; got {timeout}",
+                  file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        comm = make_communicator(settings["device"], float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S))
+        comm = make_communicator(settings["device"], float(timeout or DEFAULT_TIMEOUT_S))
     except backend.DeviceError as exc:  # no GPU, no NCCL: every rank finds it alone, before any collective
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
@@ -254,6 +262,24 @@ def run_distributed(args: Any) -> int:
         finally:
             while _LOCKED:
                 _LOCKED.pop().unlock()
+
+
+def refuse_without_distributed(args: Any) -> int:
+    """For a rank that mpiexec started with `tinyamp train` but without --distributed: take part in the
+    ranks' check of their settings, which then fails on every rank (rank 0 says why); return 2."""
+    settings = {**settings_of(args), "distributed": False}
+    comm = make_communicator("cpu", DEFAULT_TIMEOUT_S)  # (NCCL ranks would never meet this one: their MPI does)
+    with abort_on_error(comm):
+        try:
+            check_same_settings(comm, settings)
+        except DistributedUsageError as exc:
+            if comm.rank == 0:
+                print(f"tinyamp: error: {exc}", file=sys.stderr)
+            return 2
+        if comm.rank == 0:  # every rank was started without --distributed
+            print(f"tinyamp: error: mpiexec started {comm.size} ranks of `tinyamp train` without --distributed; pass "
+                  "--distributed to every rank to train one model on all of them", file=sys.stderr)  # fmt: skip
+    return 2
 
 
 def _problem(s: dict[str, Any], size: int) -> str | None:
