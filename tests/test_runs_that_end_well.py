@@ -582,3 +582,53 @@ def test_the_time_out_is_checked_and_documented() -> None:
     from tinyamp.distributed.communicator import DEFAULT_TIMEOUT_S as USED
 
     assert DEFAULT_TIMEOUT_S == USED
+
+
+# ---- the library's own API ---------------------------------------------------------------------------------
+def _layers() -> Any:
+    from tinyamp import nn
+
+    return nn
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "says"),
+    [
+        (lambda nn: nn.Linear(0, 3), ValueError, "Linear: in_features must be at least 1; got in_features=0. Pass"),
+        (lambda nn: nn.Linear(-1, 3), ValueError, "Linear: in_features must be at least 1; got in_features=-1"),
+        (lambda nn: nn.Linear(3, 0), ValueError, "Linear: out_features must be at least 1; got out_features=0"),
+        (lambda nn: nn.Linear(2.5, 3), TypeError, "Linear: in_features is a number of features or rows, a whole "
+                                                  "number; got 2.5 (float)"),
+        (lambda nn: nn.Linear(3, 3, bias="no"), TypeError, "Linear: bias must be True or False; got 'no'"),
+        (lambda nn: nn.Embedding(0, 8), ValueError, "Embedding: num_embeddings must be at least 1"),
+        (lambda nn: nn.Embedding(8, 8, std=-1.0), ValueError, "Embedding: std must be a finite number >= 0"),
+        (lambda nn: nn.LayerNorm(8, eps=0.0), ValueError, "LayerNorm: eps must be a finite number > 0; got eps=0.0"),
+        (lambda nn: nn.LayerNorm("8"), TypeError, "LayerNorm: dim is a number of features or rows"),
+        (lambda nn: nn.Dropout(1.0), ValueError, "Dropout: p must be a finite number in [0, 1); got p=1.0"),
+        (lambda nn: nn.Dropout(float("nan")), ValueError, "Dropout: p must be a finite number in [0, 1)"),
+        (lambda nn: nn.CausalSelfAttention(8, 0), ValueError, "CausalSelfAttention: heads must be at least 1"),
+        (lambda nn: nn.MLP([4, 0, 3]), ValueError, "Linear: out_features must be at least 1"),
+    ],
+)  # fmt: skip
+def test_a_constructor_given_a_bad_value_says_which_and_what_to_pass(build: Any, error: type, says: str) -> None:
+    with pytest.raises(error) as info:
+        build(_layers())
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_load_state_dict_with_a_missing_or_an_extra_key_names_them_and_the_fix() -> None:
+    nn = _layers()
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    before = model.state_dict()
+    short = dict(before)
+    del short["2.bias"]
+    with pytest.raises(ValueError) as info:
+        model.load_state_dict({**short, "extra.weight": before["0.weight"]})
+    message = str(info.value)
+    assert "missing keys (in the model, not in the state_dict): 2.bias" in message
+    assert "unexpected keys (in the state_dict, not in the model): extra.weight" in message
+    assert "strict=False" in message and "state_dict() of a model built with the same layers" in message
+    result = model.load_state_dict(short, strict=False)
+    assert result.missing_keys == ["2.bias"]
+    with pytest.raises(TypeError, match="load_state_dict takes a mapping of names to arrays"):
+        model.load_state_dict([("0.weight", before["0.weight"])])  # type: ignore[arg-type]

@@ -35,7 +35,6 @@ class Optimizer:
     """
 
     hyperparameters: tuple[str, ...] = ("lr",)
-    state_keys: tuple[str, ...] | None = None  # what update() keeps per parameter (None: not checked on load)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A NumPy scalar hyperparameter (np.float64(0.05), say, from a schedule computed with
