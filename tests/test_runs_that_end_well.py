@@ -272,17 +272,17 @@ def regime_of(out: Path) -> dict[str, Any]:
 
 
 def test_a_resumed_run_reports_the_whole_run_and_where_it_resumed(tmp_path: Path) -> None:
-    steps = ["--steps", "2000"]
+    steps = ["--steps", "800"]
     straight = tinyamp("train", *steps, "--quiet", "--out", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr
     out = tmp_path / "run"
     stopped = stopped_while_training("train", *steps, "--out", str(out))
     assert stopped.returncode == 130, stopped.stderr
     at = json.loads((out / "tinyamp-run.json").read_text())["step"]
-    assert 0 < at < 2000
+    assert 0 < at < 800
     again = tinyamp("train", "--resume", str(out / "checkpoint.npz"), "--quiet", "--out", str(out))
     assert again.returncode == 0, again.stderr
-    assert f"* the whole run, steps 0 to 2000: resumed at step {at}" in again.stdout
+    assert f"* the whole run, steps 0 to 800: resumed at step {at}" in again.stdout
     whole, resumed = regime_of(tmp_path / "straight"), regime_of(out)
     assert resumed["resumed_at"] == [at] and resumed["first_step"] == 0 and whole["resumed_at"] == []
     for key in ("series", "measured", "metrics", "skipped_steps", "underflow_fraction", "lost_update_fraction"):
