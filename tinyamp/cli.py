@@ -11,9 +11,10 @@
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
 run diverged (the message says when and why; `train --out` keeps its results, marked
 diverged, and the checkpoint of its last good step); 74 standard output could not be
-written (closed or full: the run's files were written, and stderr says where); 130/143 stopped by Ctrl-C/SIGTERM, after
-`train --out` saved a checkpoint at the end of the current step.  An output folder is
-replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was.
+written (closed or full: the run's files were written, and stderr says where); 130/143
+stopped by Ctrl-C/SIGTERM, after `train --out` saved a checkpoint at the end of the
+current step.  An output folder is replaced as a unit (experiments/output_folder.py): a
+failed run leaves it as it was, and a second run on it is refused while the first runs.
 """
 
 from __future__ import annotations
