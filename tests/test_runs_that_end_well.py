@@ -35,7 +35,7 @@ TIMEOUT_S = 180  # a hung run fails its test, never CI
 def environment(**extra: str) -> dict[str, str]:
     """The command's environment: this tinyamp, figures drawn off-screen, no BLAS setting of our own."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    env.update(PYTHONPATH=str(ROOT), MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1", **extra)
+    env.update({"PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", **extra})
     return env
 
 
@@ -637,3 +637,33 @@ def test_load_state_dict_with_a_missing_or_an_extra_key_names_them_and_the_fix()
     assert result.missing_keys == ["2.bias"]
     with pytest.raises(TypeError, match="load_state_dict takes a mapping of names to arrays"):
         model.load_state_dict([("0.weight", before["0.weight"])])  # type: ignore[arg-type]
+
+
+NCCL_NEVER_STARTS = """
+import sys, time, types
+import cupy  # the strict stand-in, first on PYTHONPATH
+import strict_cupy_plugin  # noqa: F401
+
+distributed = types.ModuleType("cupyx.distributed")
+distributed.init_process_group = lambda n, rank, **kw: time.sleep(3600)  # NCCL waiting for a rank that never joins
+sys.modules["cupyx.distributed"] = distributed
+cupy.cuda.runtime.getDeviceCount = lambda: 1
+cupy.cuda.Device.use = lambda self: None
+from tinyamp.distributed.__main__ import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.engine_room  # the CuPy stand-in swaps the engine room's GPU kernels
+def test_an_nccl_set_up_that_never_ends_stops_the_job_after_the_time_out(tmp_path: Path) -> None:
+    needs_mpiexec()
+    script = tmp_path / "nccl_never_starts.py"
+    script.write_text(NCCL_NEVER_STARTS)
+    env = environment(PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "engine_room" / "strict_cupy"), str(ROOT)]))
+    cmd = ["mpiexec", "-n", "2", sys.executable, str(script), "--device", "cuda", "--steps", "2", "--timeout", "3"]
+    began = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode != 0
+    assert "waited more than 3 s for NCCL to start (init_process_group)" in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - began < 60  # the time-out and the abort, not an endless wait
