@@ -613,6 +613,7 @@ def _layers() -> Any:
         (lambda nn: nn.Dropout(float("nan")), ValueError, "Dropout: p must be a finite number in [0, 1)"),
         (lambda nn: nn.CausalSelfAttention(8, 0), ValueError, "CausalSelfAttention: heads must be at least 1"),
         (lambda nn: nn.MLP([4, 0, 3]), ValueError, "Linear: out_features must be at least 1"),
+        (lambda nn: nn.ModuleList(3), TypeError, "ModuleList takes an iterable of Modules, e.g. ModuleList(["),
     ],
 )  # fmt: skip
 def test_a_constructor_given_a_bad_value_says_which_and_what_to_pass(build: Any, error: type, says: str) -> None:
