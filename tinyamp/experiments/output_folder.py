@@ -78,14 +78,20 @@ class OutputFolder:
         """Hold this folder against other runs until :meth:`unlock` (or the process ends: the system lets go).
 
         Two runs swapping one folder would each replace the other's files.  The second is
-        refused at once, with the process that holds the folder named.
+        refused at once, with the process that holds the folder named.  (Without a usable
+        temporary folder, or on a system without ``fcntl``, a run goes on unlocked.)
         """
         path = self.lock_path()
         while self._lock is None and fcntl is not None:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except PermissionError:  # another user's lock file: it can still be locked, read-only
-                fd = os.open(path, os.O_RDONLY)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    return  # no lock to be had here (a temporary folder that cannot be used): the run goes on
+            except OSError:
+                return
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
