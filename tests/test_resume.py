@@ -8,6 +8,7 @@ subprocess tests stop a separate `python -m tinyamp train` at whatever step it r
 
 from __future__ import annotations
 
+import copy
 import json
 import signal
 import subprocess
@@ -48,6 +49,13 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
             assert_same(x, y, f"{where}/{i}")
     else:
         assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_run(straight: dict[str, Any], resumed: dict[str, Any], resumed_at: list[int]) -> None:
+    """A resumed run's checkpoint is the straight run's, bit for bit, except that its history says where it resumed."""
+    assert straight["extra"]["history"].pop("resumed_at") == []
+    assert resumed["extra"]["history"].pop("resumed_at") == resumed_at
+    assert_same(straight, resumed)
 
 
 def signal_during_step(monkeypatch: pytest.MonkeyPatch, task: type, step: int, signum: int) -> None:
@@ -95,7 +103,7 @@ def test_a_run_stopped_by_a_signal_and_resumed_ends_bit_identical(
     resume = ["train", "--quiet", "--resume", str(tmp_path / "run" / "checkpoint.npz")]
     assert main([*resume, "--out", str(tmp_path / "run")]) == 0
     straight, resumed = (read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run"))
-    assert_same(straight, resumed)
+    assert_same_run(straight, resumed, [stop_at + 1])
 
 
 def test_the_transformer_resumes_bit_identical_too(
@@ -108,7 +116,7 @@ def test_the_transformer_resumes_bit_identical_too(
         assert main([*common, "--out", str(tmp_path / "run")]) == 130
     assert main(["train", "--quiet", "--resume", str(tmp_path / "run" / "checkpoint.npz"), "--out",
                  str(tmp_path / "run")]) == 0  # fmt: skip
-    assert_same(*(read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run")))
+    assert_same_run(*(read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run")), [3])
 
 
 def test_periodic_checkpoints_hold_the_run_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +174,7 @@ def test_a_process_stopped_anywhere_resumes_to_the_straight_runs_weights(
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no hidden leftovers beside it
     # finish it (to 1500) here, and compare with the straight run
     assert main(["train", "--quiet", "--resume", str(run / "checkpoint.npz"), "--out", str(run)]) == 0
-    assert_same(read_checkpoint(run / "checkpoint.npz"), straight_1500)
+    assert_same_run(copy.deepcopy(straight_1500), read_checkpoint(run / "checkpoint.npz"), [step])
 
 
 # ---- the schedule belongs to the run: changing its length is asked for, and said -----------------------

@@ -12,9 +12,8 @@ implementations of the same bits behind ``tinyamp.kernels`` here, at import; set
 environment variable ``TINYAMP_ENGINE_ROOM=off`` to run the reference code alone.
 """
 
-import os
-
-from tinyamp import cuda, fast, kernels, nn, ops, optim
+from tinyamp import _startup  # noqa: F401, I001  (first: a quiet Ctrl-C while the command starts)
+from tinyamp import backend, cuda, fast, kernels, nn, ops, optim
 from tinyamp.autograd import GradientError
 from tinyamp.backend import DeviceError, cuda_is_available
 from tinyamp.checkpoint import checkpoint, checkpoint_sequential
@@ -46,9 +45,11 @@ from tinyamp.ops import (
 from tinyamp.random import manual_seed
 from tinyamp.tensor import Tensor, tensor
 
-ENGINE_ROOM = os.environ.get("TINYAMP_ENGINE_ROOM", "on").strip().lower()
-if ENGINE_ROOM not in ("on", "off"):
-    raise ValueError(f"TINYAMP_ENGINE_ROOM={ENGINE_ROOM!r}: use 'on' (the default) or 'off' (the reference code alone)")
+try:
+    ENGINE_ROOM = backend.engine_room_setting()
+except backend.EngineRoomSettingError as _exc:
+    backend.refuse_engine_room_setting(_exc)  # the command: one sentence, exit 2
+    raise
 if ENGINE_ROOM == "on":  # the engine room answers before the reference kernels, where it applies
     for _engine in (fast, cuda):
         for _name, _implementation in _engine.IMPLEMENTATIONS.items():

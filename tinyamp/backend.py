@@ -23,6 +23,50 @@ class DeviceError(RuntimeError):
     """A device that does not exist here, or tensors on two devices in one op."""
 
 
+class EngineRoomSettingError(ValueError):
+    """TINYAMP_ENGINE_ROOM holds something other than on or off."""
+
+
+ENGINE_ROOM_SETTINGS = ("on", "off")
+
+
+def engine_room_setting(environ: Any = None) -> str:
+    """TINYAMP_ENGINE_ROOM, checked: "on" (the default) or "off" (the reference kernels alone).
+
+    Anything else raises EngineRoomSettingError naming the value: a misspelt "of" would
+    otherwise run the engine room while the user believes it is off.
+    """
+    import os
+
+    raw = (os.environ if environ is None else environ).get("TINYAMP_ENGINE_ROOM", "on")
+    value = raw.strip().lower()
+    if value not in ENGINE_ROOM_SETTINGS:
+        raise EngineRoomSettingError(
+            f"TINYAMP_ENGINE_ROOM={raw!r} is neither on nor off: unset it, or set it to on (the default: the faster "
+            "kernels where they apply) or off (the reference kernels of tinyamp/kernels.py alone)"
+        )
+    return value
+
+
+def refuse_engine_room_setting(exc: EngineRoomSettingError) -> None:
+    """For `tinyamp` and ``python -m tinyamp...``: say `exc` in one sentence and exit with status 2.
+
+    ``import tinyamp`` reads the setting, and the command imports tinyamp before its own
+    code runs, so this is called from the import when the process is the command (the
+    ``tinyamp`` script, or ``python -m`` while it locates the module); a program that
+    imports tinyamp gets the exception instead.
+    """
+    import os
+
+    from tinyamp._startup import running_as_command
+
+    if running_as_command():
+        rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        if rank == "0":  # under mpiexec every rank exits 2; the first says why
+            print(f"tinyamp: error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _import_cupy() -> ModuleType:
     """Import CuPy and check that a GPU is visible, or explain why not."""
     global _cupy

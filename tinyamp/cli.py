@@ -10,9 +10,12 @@
                                  each exercise in its own process; `exercises list` names them
 
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
-run diverged (the message says when and why); 130/143 stopped by Ctrl-C/SIGTERM, after
-`train --out` saved a checkpoint at the end of the current step.  An output folder is
-replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was.
+run diverged (the message says when and why; `train --out` keeps its results, marked
+diverged, and the checkpoint of its last good step); 74 standard output could not be
+written (closed or full: the run's files were written, and stderr says where); 130/143
+stopped by Ctrl-C/SIGTERM, after `train --out` saved a checkpoint at the end of the
+current step.  An output folder is replaced as a unit (experiments/output_folder.py): a
+failed run leaves it as it was, and a second run on it is refused while the first runs.
 """
 
 from __future__ import annotations
@@ -30,24 +33,33 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises import command as exercises_command
+from tinyamp.experiments import history as run_history
 from tinyamp.experiments import run_settings
+from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
 from tinyamp.fast.allocator import keep_freed_memory
 
 DEVICES = ("cpu", "cuda")
+DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
 DEFAULT_TRAIN_STEPS = 1500
 DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
-DIVERGED = 3  # the exit status of a run whose loss ended NaN or inf, or whose every step was skipped
+STDOUT_FAILED = 74  # (sysexits' EX_IOERR) the run's files were written, but standard output could not be
+DIVERGED = 3  # the exit status of a diverged run (divergence.diverged): NaN or inf loss, scale 0, most steps skipped
 EXIT_STATUS = (
     "exit status: 0 done; 2 bad input (a message says what to type instead); 3 the run diverged (the message says "
-    "when and why); 130 or 143 stopped by Ctrl-C or SIGTERM (train --out saves a checkpoint first)"
+    "when and why); 74 standard output closed or full (the files were written); 130 or 143 stopped by Ctrl-C or "
+    "SIGTERM (train --out saves a checkpoint first)"
 )
 
 # The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
 DEMO_MLP_STEPS = 1500
 DEMO_TRANSFORMER_STEPS = 150
 TRANSFORMER_TOLERANCE = 0.05  # nats: how close mixed precision's validation loss must come to FP32's
+
+
+_LOCKED: list[Any] = []  # the output folders this command holds (OutputFolder.lock), let go when main() returns
+_WRITTEN: list[Path] = []  # the output folders this command has written into
 
 
 class UsageError(Exception):
@@ -121,22 +133,6 @@ def info() -> int:
 
 
 # ---- shared pieces ------------------------------------------------------------------------------------
-def _one_blas_thread() -> Any:
-    """Run BLAS on one thread (threadpoolctl), whatever the machine has.
-
-    OpenBLAS splits a product's work differently with another thread count, and the float32
-    sums round differently: the same run gave other weights with 2 threads than with 1
-    (tests/test_cli.py checks that the command's do not).  The demo's products are small (the
-    largest, in the transformer, is 1024x64 by 64x256, and its two gradient products are the
-    same size); benchmarks/demo_time.py measures what one thread costs them.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # a dependency; without it the run is the same, its bits may depend on the cores
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 def _progress(quiet: bool) -> Callable[..., Any] | None:
     """tqdm's bar class (imported only when a bar is shown), or None for --quiet."""
     if quiet:
@@ -193,7 +189,9 @@ def _write_outputs(
             print("figures skipped: matplotlib is not installed (pip install 'tinyamp[plots]')")
         return written
 
-    return out.write(fill, manifest)
+    written = out.write(fill, manifest)
+    _WRITTEN[:] = [out.path]
+    return written
 
 
 # ---- tinyamp demo --------------------------------------------------------------------------------
@@ -352,12 +350,12 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--resume {args.resume}: no such file") from exc
     except (CheckpointError, OSError) as exc:
         raise UsageError(f"--resume: {exc}") from exc
-    if not isinstance(extra, dict) or "train" not in extra:
-        raise UsageError(f"--resume {args.resume}: this checkpoint was not written by `tinyamp train`")
     try:
-        saved = run_settings.checked_stored(extra["train"], args.resume)
+        saved = run_settings.checked_extra(extra, args.resume)
+        past = None if "history" not in extra else run_history.from_extra(extra["history"], saved["step"], args.resume)
     except ValueError as exc:
         raise UsageError(f"--resume {exc}") from exc
+    args.history = past
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
         given = getattr(args, key)
         if given is not None and given != saved[key]:
@@ -389,6 +387,16 @@ def _check_batch_size(task: Any) -> None:
         raise UsageError(f"--batch-size {task.batch_size} is more than the {available:,} {what}; pass at most that")
 
 
+def _recover_folders(resume: str | None) -> None:
+    """Put back the folder --resume reads from, when a run killed in the middle of its swap moved it aside."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    if resume is not None and resume.strip():
+        folder = Path(os.path.abspath(resume)).parent
+        for sentence in OutputFolder(folder).recover():
+            print(f"tinyamp: {folder}: {sentence}", file=sys.stderr)
+
+
 def _output_folder(path: str | None, flag: str = "--out") -> Any:
     """The OutputFolder for --out, cleaned of a killed run's leftovers and checked before training."""
     from tinyamp.experiments.output_folder import OutputFolder
@@ -398,6 +406,8 @@ def _output_folder(path: str | None, flag: str = "--out") -> Any:
     if not path.strip():
         raise UsageError(f"{flag} needs a folder name, e.g. {flag} runs/mlp")
     out = OutputFolder(path, flag)
+    out.lock()  # until main() returns: a second run on this folder is refused, naming this process
+    _LOCKED.append(out)
     for sentence in out.recover():
         print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
     previous = out.check()
@@ -410,7 +420,7 @@ def _output_folder(path: str | None, flag: str = "--out") -> Any:
 def train(args: argparse.Namespace, stop: Stop) -> int:
     """Train one model in one precision; print the result; with --out write results, figures, a checkpoint."""
     from tinyamp.amp import CheckpointError, load_checkpoint, save_checkpoint
-    from tinyamp.experiments.divergence import diverged, explain
+    from tinyamp.experiments.divergence import LastGoodState, diverged, explain
     from tinyamp.experiments.regimes import REGIMES, build
     from tinyamp.experiments.results import footnotes, format_table, results_document
     from tinyamp.experiments.runner import run_regime
@@ -424,12 +434,13 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     if args.checkpoint_every is not None and args.out is None:
         raise UsageError("--checkpoint-every writes into the output folder; it needs --out DIR")
     _check_device(args.device)
+    out = _output_folder(args.out)  # locked, and a killed run's leftovers put back or removed
+    _recover_folders(args.resume)  # a run killed mid-swap may have moved the checkpoint aside
     saved = _read_resume(args) if args.resume is not None else None
     args.model = args.model or "mlp"
     args.precision = args.precision or "mixed"
     args.seed = 0 if args.seed is None else args.seed
     _check_precision(args.precision, args.device)
-    out = _output_folder(args.out)
     overrides = {k: getattr(args, k) for k in ("batch_size", "lr", "schedule") if getattr(args, k) is not None}
     task = TASKS[args.model](seed=args.seed, device=args.device, **overrides)
     _check_batch_size(task)
@@ -458,16 +469,27 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         "lr": task.lr, "seed": args.seed, "schedule": task.schedule, "total_steps": args.steps,
     }  # fmt: skip
 
+    history = getattr(args, "history", None) or run_history.new(start)  # the steps before `start`, if saved
+
     def save(folder: Path, step: int) -> str:
-        extra = {"train": {**settings, "step": step}}
+        extra = {"train": {**settings, "step": step}, "history": run_history.to_extra(history, step)}
         save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, extra)
         return "checkpoint.npz"
 
     def save_unit(step: int) -> None:
         manifest = {"command": "train", "finished": False, "step": step, "total_steps": args.steps}
         out.write(lambda folder: [save(folder, step)], manifest)
+        _WRITTEN[:] = [out.path]
 
     every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+    good = None
+    if out is not None:  # a diverged run saves the state of its last good step (divergence.LastGoodState)
+        good = LastGoodState(
+            setup.model, setup.scaler, lambda: (setup.model.state_dict(), setup.optimizer.state_dict()),
+            lambda state: (setup.model.load_state_dict(state[0]), setup.optimizer.load_state_dict(state[1])),
+        )  # fmt: skip
+    if good is not None and start:
+        good.keep(start)  # the loaded state: good until a step of this run proves otherwise
 
     def after_step(done: int) -> None:
         if done == args.steps:
@@ -480,11 +502,14 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         try:
             result, setup = run_regime(
                 task, args.precision, args.steps, scaler, setup=setup, start=start, progress=_progress(args.quiet),
-                memory=args.memory, after_step=after_step,
+                memory=args.memory, after_step=after_step, on_loss=None if good is None else good.on_loss,
+                history=history,
             )  # fmt: skip
         except Interrupted as exc:
             return _interrupted(exc, out, save_unit, args.steps)
         print(format_table([result]))
+        if result.resumed_at:
+            print(_resumed_note(result))
         if args.memory:
             from tinyamp.inspect import format_training_memory
 
@@ -495,11 +520,19 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
             print(footnotes())
         failed = explain(task, setup, result, start) if diverged(result) else None
         if out is not None:
-            document = results_document({task.name: (task, [result])}, {"command": "train", "resumed_from": start})
-            manifest = {"command": "train", "finished": True, "step": args.steps, "total_steps": args.steps}
-            keep = None if failed else lambda folder: save(folder, args.steps)
+            config = {"command": "train", "resumed_from": start, "diverged": failed}
+            document = results_document({task.name: (task, [result])}, config)
+            step, why, keep = args.steps, "", lambda folder: save(folder, args.steps)
+            if failed:  # keep the state of the last good step, not the diverged one
+                step, why = start + len(result.series["loss"]), " (no checkpoint: no step of this run was good)"
+                keep = None
+                if good is not None and good.step is not None:
+                    step = good.restore()
+                    keep = lambda folder: save(folder, step)  # noqa: E731
+                    why = f" (the checkpoint is of step {step}, {LastGoodState.MEANING})"
+            manifest = {"command": "train", "finished": not failed, "diverged": bool(failed), "step": step,
+                        "total_steps": args.steps}  # fmt: skip
             written = _write_outputs(out, document, manifest, keep)
-            why = " (no checkpoint: the run diverged)" if failed else ""
             print(f"wrote {', '.join(written)} to {out.path}{why}")
     if failed:
         print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
@@ -510,13 +543,48 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     return 0
 
 
+def _resumed_note(result: Any) -> str:
+    """Under the table of a resumed run: which steps it covers, and where the run was resumed."""
+    at = ", ".join(map(str, result.resumed_at))
+    end = result.first_step + len(result.series["loss"])
+    if result.first_step:
+        return (f"* steps {result.first_step} to {end} (resumed at step {at}; the checkpoint it resumed from held no "
+                "history of the steps before)")  # fmt: skip
+    return (
+        f"* the whole run, steps 0 to {end}: resumed at step {at} from its checkpoint, which carried the steps before"
+    )
+
+
+def _kept(path: Path) -> str:
+    """What the output folder at `path` holds now, as the end of a sentence: a checkpoint to resume, or nothing."""
+    from tinyamp.experiments.output_folder import read_manifest
+
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest is None or "checkpoint.npz" not in manifest["files"]:
+        return f"{path} holds no checkpoint of this run"
+    checkpoint = path / "checkpoint.npz"
+    return (
+        f"{checkpoint} holds step {manifest.get('step')} of {manifest.get('total_steps')}. Continue with:\n"
+        f"  tinyamp train --resume {checkpoint} --out {path}"
+    )
+
+
 def _interrupted(exc: Interrupted, out: Any, save_unit: Callable[[int], None], total: int) -> int:
     """Save the run where the signal stopped it (with --out), say how to continue, return 128 + signal."""
-    if out is None or exc.step is None:
+    if out is None:
         print(f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; nothing was written "
               "(with --out DIR a stopped run leaves a checkpoint to resume from)", file=sys.stderr)  # fmt: skip
         return exc.exit_status
-    save_unit(exc.step)
+    if exc.step is None:  # a second signal, in the middle of a step or of a save: that one was abandoned
+        print(f"\ntinyamp: stopped by a second {exc.name} before the step or save in progress ended; "
+              f"{_kept(out.path)}", file=sys.stderr)  # fmt: skip
+        return exc.exit_status
+    try:
+        save_unit(exc.step)
+    except Interrupted as again:  # the save was abandoned as a whole: the folder is as it was
+        print(f"\ntinyamp: stopped by a second {again.name} while saving step {exc.step}; {_kept(out.path)}",
+              file=sys.stderr)  # fmt: skip
+        return again.exit_status
     checkpoint = out.path / "checkpoint.npz"
     print(
         f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; wrote {checkpoint}. Continue with:\n"
@@ -579,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the dtype gradients are summed in across ranks (default float32)")  # fmt: skip
     t.add_argument("--zero", action="store_true", help="with --distributed: ZeRO stage 1, the FP32 masters and "
                    "optimizer state sharded across ranks")  # fmt: skip
+    t.add_argument("--timeout", type=float, metavar="SECONDS", help="with --distributed: how long a rank waits for "
+                   f"the others in a collective before the job is stopped (default {DEFAULT_TIMEOUT_S:g})")  # fmt: skip
     t.add_argument(
         "--memory", action="store_true", help="itemize the bytes held (weights, masters, moments, gradients) "
         "and measure the peak bytes of the last step"
@@ -587,9 +657,89 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _GuardedStdout:
+    """sys.stdout while `train` or `demo` runs: a write that fails (stdout closed, full, a reader gone) is
+    recorded, not raised, so that the run goes on to write its files; main() reports it at the end."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.error: str | None = None if stream is not None else "it is closed"
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError) as exc:  # ValueError: a closed file object
+                self.error = getattr(exc, "strerror", None) or str(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                self.error = getattr(exc, "strerror", None) or str(exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (see EXIT_STATUS)."""
     args = build_parser().parse_args(argv)
+    if args.command not in ("train", "demo"):
+        return _run(args)
+    if sys.stdout is None:  # started with stdout closed: keep fd 1 from being reused by a file the run opens
+        with contextlib.suppress(OSError):
+            if os.open(os.devnull, os.O_WRONLY) != 1:
+                raise OSError
+    guard, previous = _GuardedStdout(sys.stdout), sys.stdout
+    sys.stdout = guard  # type: ignore[assignment]
+    try:
+        status = _run(args)
+        guard.flush()
+    finally:
+        sys.stdout = previous
+    if guard.error is None:
+        return status
+    if previous is not None:
+        with contextlib.suppress(OSError, ValueError):  # the exit's own flush of what is left must stay quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), previous.fileno())
+    where = f"; the run's files are in {', '.join(map(str, _WRITTEN))}" if _WRITTEN else ""
+    print(f"tinyamp: could not write to standard output ({guard.error}): the printed results are lost{where}",
+          file=sys.stderr)  # fmt: skip
+    return status or STDOUT_FAILED
+
+
+def _mpi_job_size() -> int:
+    """How many ranks the MPI job this process belongs to has (1 outside mpiexec): MPICH's and Open MPI's variables."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _refuse_in_an_mpi_job(args: argparse.Namespace) -> int:
+    """A rank mpiexec started without --distributed: refuse, together with the ranks started with it.
+
+    Those ranks wait for every rank in their first collective (the check that all were started
+    alike), and would wait for this one until their time-out: so this rank takes part in that
+    check, which then fails on every rank with one message (distributed/train.py).
+    """
+    try:
+        from tinyamp.distributed.train import refuse_without_distributed
+    except ImportError:  # no mpi4py: no rank of this job can be a distributed one
+        raise UsageError(
+            f"this process is one of the {_mpi_job_size()} ranks mpiexec started; `tinyamp train` runs in one "
+            "process, or on every rank with --distributed"
+        ) from None
+    return refuse_without_distributed(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command `args` names; its exit status."""
+    _WRITTEN.clear()
     try:
         if args.command == "info":
             return info()
@@ -598,14 +748,17 @@ def main(argv: list[str] | None = None) -> int:
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
         if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
             raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")
+        if args.command == "train" and args.timeout is not None and not args.distributed:
+            raise UsageError("--timeout bounds the wait of a rank for the others; it needs --distributed")
+        if args.command == "train" and not args.distributed and _mpi_job_size() > 1:
+            return _refuse_in_an_mpi_job(args)
         if args.command == "train" and args.distributed:
             try:
                 from tinyamp.distributed.train import run_distributed
             except ImportError as exc:  # no mpi4py: the message says how to install it
                 raise UsageError(str(exc)) from exc
-            with _one_blas_thread():
-                return run_distributed(args)
-        with handle_signals() as stop, _one_blas_thread():
+            return run_distributed(args)  # on one BLAS thread, as below (blas_threads.py)
+        with handle_signals() as stop, one_blas_thread():
             return demo(args, stop) if args.command == "demo" else train(args, stop)
     except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
@@ -621,11 +774,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
     except Interrupted as exc:
-        print(f"\ntinyamp: stopped by {exc.name}; nothing was written", file=sys.stderr)
+        kept = "; ".join(_kept(folder.path) for folder in _LOCKED) or "nothing was written"
+        print(f"\ntinyamp: stopped by {exc.name}; {kept}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:  # outside the main thread no handler is installed
         print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)
         return 130
+    finally:
+        while _LOCKED:
+            _LOCKED.pop().unlock()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,10 @@ has not checked.  Before a byte is allocated for an array:
 2. the entries' declared uncompressed sizes add up to what the caller allows, so a zip
    bomb is refused before it is inflated (an entry that inflates past its declared size
    stops there and fails its CRC check);
-3. the metadata entry is at most ``MAX_METADATA_BYTES`` of JSON, nested at most
+3. the metadata entry is at most ``MAX_METADATA_BYTES`` of JSON, and the Python objects
+   ``json.loads`` would build from it, estimated from the text's brackets, commas, colons
+   and quotes before it is parsed (``json_cost``), at most ``MAX_METADATA_OBJECT_BYTES``
+   (JSON text of ``{}`` and commas becomes 25 times its size in dicts); nested at most
    ``MAX_JSON_DEPTH`` levels (``json.loads`` recurses, so deep nesting would end in
    RecursionError);
 4. every entry is named by the metadata, and the caller's ``ArrayBudget`` accepts the
@@ -18,7 +21,7 @@ has not checked.  Before a byte is allocated for an array:
    metadata names, no Python objects, and exactly the bytes its entry holds.
 
 Only then is each array allocated once and filled in 1 MiB pieces, so the peak memory
-of a read is its arrays, a MiB, and the bounded metadata.  Every refusal is a
+of a read is its arrays, a MiB, and the bounded metadata (its text and its objects).  Every refusal is a
 CheckpointError: one sentence naming the file and the problem.
 """
 
@@ -37,6 +40,10 @@ import numpy as np
 MiB = 2**20
 MAX_DIRECTORY_BYTES = 2 * MiB  # ~27,000 entries of a real checkpoint; at worst ~45,000, ~23 MB of ZipInfo objects
 MAX_METADATA_BYTES = 16 * MiB
+# json_cost of a real checkpoint's metadata: about 500 bytes per training step (the loss
+# scaler's history; `tinyamp train --steps 1000` saves 572,000) and 10,000 per weight tensor;
+# the limit allows about 130,000 steps of history.
+MAX_METADATA_OBJECT_BYTES = 64 * MiB
 MAX_JSON_DEPTH = 100  # a checkpoint's own structure nests about 8 levels
 MAX_HEADER_BYTES = 10_000  # numpy's own limit for a .npy header (np.save writes ~128 bytes)
 NUMPY20_STRAY = "allow_pickle.npy"  # np.savez(f, allow_pickle=False, ...) on numpy 2.0 stored this 0-d bool array
@@ -209,6 +216,13 @@ class ArchiveReader:
                 raise CheckpointError(f"{path} is damaged: its metadata is a {shape} {dtype} array, not uint8 text")
             self._check_size(name, shape, dtype, header)
             text = member.read(shape[0])
+        cost = json_cost(text)
+        if cost > MAX_METADATA_OBJECT_BYTES:
+            raise CheckpointError(
+                f"{path} is not a checkpoint tinyamp can read: parsing its {len(text):,} bytes of metadata would build "
+                f"about {cost:,} bytes of Python objects, more than the {MAX_METADATA_OBJECT_BYTES:,} a checkpoint's "
+                "metadata may take"
+            )
         try:
             document = json.loads(text.decode("utf-8"))
             too_deep = json_depth(document) > MAX_JSON_DEPTH
@@ -309,6 +323,26 @@ class ArchiveReader:
                     raise CheckpointError(f"{self.path} is damaged: its entry {name!r} ends early")
                 flat[start : start + want] = np.frombuffer(piece, np.uint8)
         return array.T if fortran else array
+
+
+def json_cost(text: bytes) -> int:
+    """About how many bytes of Python objects ``json.loads(text)`` builds, counted without parsing.
+
+    Each JSON value becomes an object, and every value but the first follows a ``[``, ``{``,
+    ``,`` or ``:``.  The weights are CPython 3's sizes, rounded up: a dict of a few keys
+    takes 184-232 bytes, a list 56 plus 8 per item and its over-allocation, a string 49 plus
+    its length (two quotes each), a float 24, a list's slot or an int about 40.  Measured
+    against tracemalloc on 15 MiB texts of nine shapes (lists, dicts, numbers, strings, one
+    dict of many keys, nesting) under CPython 3.11, the estimate is 0.98 to 9.3 times the
+    peak; the one it underestimates, by 2%, is a single dict of 1.5 million distinct keys.
+    """
+    return (
+        240 * text.count(b"{")
+        + 100 * text.count(b"[")
+        + 40 * (text.count(b",") + text.count(b":"))
+        + 30 * text.count(b'"')
+        + 2 * len(text)
+    )
 
 
 def json_depth(value: Any) -> int:

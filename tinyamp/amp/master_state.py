@@ -88,6 +88,14 @@ def load(mw: MasterWeights, state_dict: dict[str, Any]) -> list[UpdateRecord]:
             f"this is not a MasterWeights state_dict (it looks like one of {found!r}); a plain optimizer's "
             f"state goes into optimizer.load_state_dict, not into a MasterWeights"
         )
+    keys = {"kind", "master_dtype", "params", "master", "optimizer", "history"}
+    if set(state_dict) != keys:
+        missing, unknown = sorted(keys - set(state_dict)), sorted(map(str, set(state_dict) - keys))
+        raise MasterWeightsStateError(
+            f"a MasterWeights state_dict has the keys {sorted(keys)}; this one "
+            + "; ".join(([f"lacks {missing}"] if missing else []) + ([f"has the unknown {unknown}"] if unknown else []))
+            + ": pass what MasterWeights.state_dict() returned"
+        )
     problems = []
     if state_dict["master_dtype"] != mw.master_dtype.name:
         problems.append(f"the masters were saved as {state_dict['master_dtype']}; these are {mw.master_dtype}")

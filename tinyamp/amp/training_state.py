@@ -33,6 +33,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -45,10 +46,12 @@ from tinyamp.amp import master_state
 from tinyamp.amp.checkpoint_file import (
     MAX_JSON_DEPTH,
     MAX_METADATA_BYTES,
+    MAX_METADATA_OBJECT_BYTES,
     ArchiveReader,
     ArrayBudget,
     ArrayRef,
     CheckpointError,
+    json_cost,
     json_depth,
     write_archive,
 )
@@ -178,6 +181,12 @@ def _array_refs(path: str, document: Any) -> list[ArrayRef]:
     missing = [k for k in _SECTIONS if k not in document]
     if missing:
         raise CheckpointError(f"{path} is damaged: its metadata lacks {', '.join(missing)}")
+    unknown = sorted(set(document) - {"format", "version", *_SECTIONS})
+    if unknown:
+        raise CheckpointError(
+            f"{path} is not a checkpoint tinyamp wrote: its metadata has the section {unknown[0]!r}, which "
+            "save_checkpoint never writes"
+        )
     refs: dict[str, ArrayRef] = {}
     todo = [document]
     while todo:
@@ -229,10 +238,12 @@ def save_checkpoint(path: PathLike, model: Module, optimizer: Any, scaler: Any =
     text = json.dumps(document).encode("utf-8")
     if json_depth(document) > MAX_JSON_DEPTH:
         raise ValueError(f"cannot store this checkpoint: its metadata nests deeper than {MAX_JSON_DEPTH} levels")
-    if len(text) > MAX_METADATA_BYTES:
+    if len(text) > MAX_METADATA_BYTES or json_cost(text) > MAX_METADATA_OBJECT_BYTES:
         raise ValueError(
-            f"cannot store this checkpoint: its metadata (all but the arrays) takes {len(text):,} bytes, more than "
-            f"the {MAX_METADATA_BYTES:,} bytes read_checkpoint reads; keep large data in extra as NumPy arrays"
+            f"cannot store this checkpoint: its metadata (all but the arrays) takes {len(text):,} bytes, about "
+            f"{json_cost(text):,} once parsed into Python objects; read_checkpoint reads at most "
+            f"{MAX_METADATA_BYTES:,} bytes of it, parsed into at most {MAX_METADATA_OBJECT_BYTES:,}: keep large data "
+            "in extra as NumPy arrays"
         )
     arrays[METADATA_KEY] = np.frombuffer(text, dtype=np.uint8)
     folder, name = os.path.split(os.path.abspath(path))
@@ -308,6 +319,11 @@ def _read(path: str, budget: ArrayBudget, only_extra: bool = False) -> Any:
     `only_extra`, its decoded ``extra`` alone, only those arrays read and counted)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
+    kind = os.stat(path).st_mode
+    if not stat.S_ISREG(kind):  # a FIFO or a terminal would block the read below; a device may never end
+        what = "a folder" if stat.S_ISDIR(kind) else "a named pipe (FIFO)" if stat.S_ISFIFO(kind) else "a device"
+        what = "a socket" if stat.S_ISSOCK(kind) else what
+        raise CheckpointError(f"{path} is not a checkpoint: it is {what}, not a file save_checkpoint wrote")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic.startswith(b"\x93NUMPY"):
@@ -414,7 +430,7 @@ def load_checkpoint(
                 f"{path} does not fit this run:\n  {exc}\nand restoring the previous state failed too, so this "
                 "run is now inconsistent; rebuild it:\n  " + "\n  ".join(failed)
             ) from exc
-        raise CheckpointError(f"{path} does not fit this run; nothing was changed:\n  {exc}") from exc
+        raise CheckpointError(f"{path} does not fit this run (nothing was changed): {exc}") from exc
     return content["extra"]
 
 

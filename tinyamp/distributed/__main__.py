@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-agree", dest="agree", action="store_false",
                    help="let each rank decide its own overflow skip (only to see the replicas diverge)")  # fmt: skip
     p.add_argument("--micro-batches", type=int, default=1, help="backward passes per step on each rank (default 1)")
-    p.add_argument("--timeout", type=float, help="seconds a rank waits in a collective before aborting (300)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="how long a rank waits for the others in a collective before the job stops (300)")  # fmt: skip
     p.add_argument("--overflow-at", action="append", metavar="STEP:RANK", help="an overflow only RANK sees at STEP")
     p.add_argument("--fault", metavar="KIND@STEP:RANK", help="raise, exit, kill or hang on purpose (faults.py)")
     p.add_argument("--dump", metavar="DIR", help="write each rank's digests and final state into DIR (tests)")

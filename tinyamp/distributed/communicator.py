@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -195,8 +196,8 @@ class NcclCommunicator(Communicator):
 
     Built and tested on the CPU with a stand-in for CuPy (tests/test_distributed.py); it has not
     yet run on a GPU.  NCCL's calls return at once and run on the GPU's stream, so a wait is
-    polled on a CUDA event, with the same timeout as MPI's.  The timeout covers only that wait:
-    NCCL's set-up (``init_process_group``) and the end of a grouped call (the all-to-all's
+    polled on a CUDA event, with the same timeout as MPI's.  NCCL's set-up (``init_process_group``)
+    runs in a thread that the timeout bounds too.  The end of a grouped call (the all-to-all's
     ``ncclGroupEnd``) can block inside the call itself, where nothing here can time it out.
     """
 
@@ -210,15 +211,40 @@ class NcclCommunicator(Communicator):
         super().__init__(timeout_s)
         self.world = MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
-        cupy.cuda.Device(self.rank % max(1, cupy.cuda.runtime.getDeviceCount())).use()  # one GPU per rank
+        device = self.rank % max(1, cupy.cuda.runtime.getDeviceCount())  # one GPU per rank
+        cupy.cuda.Device(device).use()
         self._cupy = cupy
-        try:
-            self._nccl = init_process_group(self.size, self.rank, use_mpi=True)  # MPI passes NCCL's unique id
+        try:  # MPI passes NCCL's unique id
+            self._nccl = self._started(lambda: init_process_group(self.size, self.rank, use_mpi=True), device)
         except RuntimeError as exc:  # cupyx raises "NCCL is not available" when libnccl cannot be loaded
             raise backend.DeviceError(
                 f"--device cuda sends the gradients with NCCL, and CuPy cannot use it ({exc}): "
                 "pip install 'tinyamp[cuda12,nccl12,mpi]' (or [cuda13,nccl13,mpi])"
             ) from exc
+
+    def _started(self, init: Any, device: int) -> Any:
+        """``init()`` (NCCL's set-up), bounded by the time-out: it blocks inside NCCL until every rank has
+        joined, so it runs in a thread, and a rank that waits longer than ``timeout_s`` stops the job."""
+        done: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._cupy.cuda.Device(device).use()  # the current device belongs to each thread
+                done["value"] = init()
+            except BaseException as exc:  # handed to the caller below
+                done["error"] = exc
+
+        thread = threading.Thread(target=run, name="nccl-set-up", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            self.abort(
+                f"rank {self.rank} of {self.size} waited more than {self.timeout_s:g} s for NCCL to start "
+                "(init_process_group): a rank did not join; stopping every rank"
+            )
+        if "error" in done:
+            raise done["error"]
+        return done["value"]
 
     def _wait(self, deadline: float, what: str) -> None:
         event_type = getattr(self._cupy.cuda, "Event", None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import tinyamp as ta
-from tinyamp import backend, kernels
+from tinyamp import backend, kernels, random
 from tinyamp.amp import save_checkpoint
 from tinyamp.amp.lost_updates import lost_updates
 from tinyamp.distributed import checkpoint
@@ -41,7 +42,9 @@ from tinyamp.distributed.communicator import (
 )
 from tinyamp.distributed.data_parallel import DataParallel
 from tinyamp.distributed.faults import Fault, parse_at
+from tinyamp.experiments import history as run_history
 from tinyamp.experiments import run_settings
+from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.measure import LostUpdateMeter
 from tinyamp.experiments.regimes import REGIMES, Setup, make_scaler
@@ -50,6 +53,9 @@ from tinyamp.tensor import Tensor
 DEFAULT_STEPS = 1500  # as `tinyamp train`
 SHARED = ("model", "precision", "scaler", "steps", "batch_size", "lr", "schedule", "seed", "device", "reduce_dtype",
           "zero", "agree", "micro_batches", "resume", "checkpoint_every", "out", "overflow_at")  # fmt: skip
+
+
+_LOCKED: list[Any] = []  # the output folder rank 0 holds (OutputFolder.lock), let go when the run returns
 
 
 class DistributedUsageError(Exception):
@@ -205,6 +211,7 @@ def settings_of(args: Any) -> dict[str, Any]:
     s["fault"] = getattr(args, "fault", None)
     s["extend"] = bool(getattr(args, "extend", False))
     s["tinyamp"], s["numpy"] = ta.__version__, np.__version__
+    s["distributed"] = True  # (refuse_without_distributed sends False)
     return s
 
 
@@ -233,12 +240,18 @@ def run_distributed(args: Any) -> int:
     (``micro_batches``, ``timeout``, ``overflow_at``, ``fault`` and ``dump`` optional).
     """
     settings = settings_of(args)
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None and not (0 < timeout < math.inf):  # before MPI starts; the same verdict on every rank
+        if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
+            print(f"tinyamp: error: --timeout must be a number of seconds > 0, e.g. --timeout 60; got {timeout}",
+                  file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        comm = make_communicator(settings["device"], float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S))
+        comm = make_communicator(settings["device"], float(timeout or DEFAULT_TIMEOUT_S))
     except backend.DeviceError as exc:  # no GPU, no NCCL: every rank finds it alone, before any collective
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return 2
-    with handle_signals() as stop, abort_on_error(comm):
+    with handle_signals() as stop, abort_on_error(comm), one_blas_thread():  # the same bits as `tinyamp train`
         try:
             check_same_settings(comm, settings)
             return _train(args, settings, comm, stop)
@@ -246,6 +259,27 @@ def run_distributed(args: Any) -> int:
             if comm.rank == 0:
                 print(f"tinyamp: error: {exc}", file=sys.stderr)
             return 2
+        finally:
+            while _LOCKED:
+                _LOCKED.pop().unlock()
+
+
+def refuse_without_distributed(args: Any) -> int:
+    """For a rank that mpiexec started with `tinyamp train` but without --distributed: take part in the
+    ranks' check of their settings, which then fails on every rank (rank 0 says why); return 2."""
+    settings = {**settings_of(args), "distributed": False}
+    comm = make_communicator("cpu", DEFAULT_TIMEOUT_S)  # (NCCL ranks would never meet this one: their MPI does)
+    with abort_on_error(comm):
+        try:
+            check_same_settings(comm, settings)
+        except DistributedUsageError as exc:
+            if comm.rank == 0:
+                print(f"tinyamp: error: {exc}", file=sys.stderr)
+            return 2
+        if comm.rank == 0:  # every rank was started without --distributed
+            print(f"tinyamp: error: mpiexec started {comm.size} ranks of `tinyamp train` without --distributed; pass "
+                  "--distributed to every rank to train one model on all of them", file=sys.stderr)  # fmt: skip
+    return 2
 
 
 def _problem(s: dict[str, Any], size: int) -> str | None:
@@ -283,15 +317,67 @@ def _resume_settings(s: dict[str, Any]) -> dict[str, Any]:
     from tinyamp.amp.training_state import read_extra
 
     try:
-        saved = run_settings.checked_stored(read_extra(s["resume"])["train"], s["resume"])
+        extra = read_extra(s["resume"])
+        saved = run_settings.checked_extra(extra, s["resume"])
+        if "history" in extra:
+            run_history.from_extra(extra["history"], saved["step"], s["resume"])  # checked here, read on every rank
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DistributedUsageError(f"--resume {s['resume']}: {exc}") from exc
+        raise DistributedUsageError(f"--resume: {exc}") from exc
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
         if s[key] is not None and s[key] != saved[key]:
             raise DistributedUsageError(f"--{key.replace('_', '-')} {s[key]} differs from the checkpoint's "
                                         f"{saved[key]}: a resumed run keeps its settings")  # fmt: skip
         s[key] = saved[key]
     return saved
+
+
+def _recovered_then(s: dict[str, Any], read: Any) -> Any:
+    """Put back what a run killed mid-swap moved aside (in --out and the folder of --resume), then ``read(s)``."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    folders = [_held_folder(s["out"])] if s["out"] else []  # locked first: no other run is swapping it
+    folders.append(OutputFolder(Path(s["resume"]).absolute().parent))
+    for folder in folders:
+        for sentence in folder.recover():
+            print(f"tinyamp: {folder.path}: {sentence}", file=sys.stderr)
+    return read(s)
+
+
+def _check_loads(path: str, model: Any, make_optimizer: Any, regime: Any, scaler_name: str) -> None:
+    """Load the checkpoint at `path` into a single-process copy of the run: every check load_checkpoint makes."""
+    import copy
+
+    from tinyamp.amp import MasterWeights, load_checkpoint
+
+    twin = copy.deepcopy(model)
+    optimizer = make_optimizer(twin.named_parameters())
+    if regime.master_weights:
+        optimizer = MasterWeights(optimizer, track_lost_updates=False)
+    state = random.get_state()
+    try:
+        load_checkpoint(path, twin, optimizer, make_scaler(scaler_name))
+    except ValueError as exc:  # CheckpointError
+        raise DistributedUsageError(f"--resume: {exc}") from exc
+    finally:
+        random.set_state(state)  # the load set the generators; checkpoint.load sets them again on every rank
+
+
+def _shared_from_rank0(comm: Communicator, fn: Any) -> Any:
+    """Run `fn` on rank 0 only and give its JSON value to every rank; its error becomes every rank's error."""
+    from tinyamp.experiments.output_folder import OutputFolderError
+
+    value, error = None, None
+    if comm.rank == 0:
+        try:
+            value = fn()
+        except (DistributedUsageError, OutputFolderError) as exc:  # (these name their option)
+            error = str(exc)
+        except (OSError, ValueError) as exc:
+            error = f"--resume: {exc}"
+    value, error = exchange_json(comm, [value, error])[0]
+    if error is not None:
+        raise DistributedUsageError(error)
+    return value
 
 
 def _on_rank0(comm: Communicator, fn: Any) -> Any:
@@ -320,13 +406,17 @@ def signal_on_any_rank(comm: Communicator, stop: Stop) -> int:
 
 
 def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
-    from tinyamp.experiments.divergence import diverged, explain
+    from tinyamp.experiments.divergence import LastGoodState, diverged, explain
     from tinyamp.experiments.output_folder import OutputFolder
     from tinyamp.experiments.results import format_table, results_document
     from tinyamp.experiments.runner import run_regime
     from tinyamp.experiments.tasks import TASKS
 
-    saved = _resume_settings(s) if s["resume"] else None
+    saved = None
+    if s["resume"]:  # read on rank 0 alone, before the other ranks touch the file; the verdict is shared
+        saved = _shared_from_rank0(comm, lambda: _recovered_then(s, _resume_settings))
+        for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
+            s[key] = saved[key]  # as _resume_settings set them on rank 0
     start = saved["step"] if saved else 0
     why = _problem(s, comm.size)
     if why is not None:
@@ -350,6 +440,8 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     scaler_name = s["scaler"] or regime.scaler
     model = task.make_model()
     model.astype(regime.weights)
+    if start:  # the whole file checked on rank 0 (settings, arrays, optimizer state) before any collective
+        _shared_from_rank0(comm, lambda: _check_loads(s["resume"], model, task.make_optimizer, regime, scaler_name))
     dp = DataParallel(model, task.make_optimizer, comm, master_weights=regime.master_weights,
                       reduction=s["reduce_dtype"], zero=s["zero"], agree=s["agree"],
                       micro_batches=s["micro_batches"])  # fmt: skip
@@ -375,8 +467,17 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     if comm.rank == 0 and extension is not None:
         print(extension)
 
+    history = run_history.new(start)
+    if start:  # the steps before `start`, read by every rank (rank 0 has checked them): every rank's result covers them
+        from tinyamp.amp.training_state import read_extra
+
+        extra = read_extra(s["resume"])
+        if "history" in extra:
+            history = run_history.from_extra(extra["history"], start, s["resume"])
+
     def save(folder: Path, step: int, twin: Any) -> str:
-        extra = {"train": {**train, "step": step}, "distributed": distributed}
+        extra = {"train": {**train, "step": step}, "distributed": distributed,
+                 "history": run_history.to_extra(history, step)}  # fmt: skip
         save_checkpoint(folder / "checkpoint.npz", twin[0], twin[1], setup.scaler, extra)
         return "checkpoint.npz"
 
@@ -400,12 +501,16 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         if writes and s["checkpoint_every"] and done % s["checkpoint_every"] == 0:
             save_unit(done)
 
+    good = LastGoodState(model, setup.scaler, lambda: _local_state(dp), lambda state: _put_local_state(dp, state))
+    if writes and start:
+        good.keep(start)  # the loaded state: good until a step of this run proves otherwise
     bar = _progress(comm.rank == 0 and not getattr(args, "quiet", False))
     with stop.at_step_boundaries(), np.errstate(all="ignore"):
         try:
             result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
                                    progress=bar, memory=bool(getattr(args, "memory", False)),
-                                   after_step=after_step)  # fmt: skip
+                                   after_step=after_step, on_loss=good.on_loss if writes else None,
+                                   history=history)  # fmt: skip
         except Interrupted as exc:
             if comm.rank == 0:
                 _say_stopped(exc, s, comm.size, out)
@@ -413,19 +518,28 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         rows = exchange_json(comm, setup.row(result.skipped_steps))
         why = exchange_json(comm, explain(task, setup, result, start) if diverged(result) else None)
         failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
-        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and not failed else None
+        step = s["steps"]  # the step of the checkpoint: a diverged run's last good one (the same on every rank)
+        if failed:
+            step = good.restore() if good.step is not None else None
+        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and step else None
         if getattr(args, "dump", None):
             _dump(Path(args.dump), setup, dp, result, rows)
         if comm.rank == 0:
             print(format_table([result]))
             print(format_ranks(rows))
             if out is not None:
-                config = {"command": "train", "resumed_from": start, "distributed": {**distributed, "per_rank": rows}}
+                config = {"command": "train", "resumed_from": start, "diverged": failed,
+                          "distributed": {**distributed, "per_rank": rows}}  # fmt: skip
                 document = results_document({task.name: (task, [result])}, config)
-                manifest = {"command": "train", "finished": True, "step": s["steps"], "total_steps": s["steps"]}
-                written = out.write(lambda folder: _fill(folder, document, None if failed else
-                                                         (lambda f: save(f, s["steps"], twin))), manifest)  # fmt: skip
-                print(f"wrote {', '.join(written)} to {out.path}")
+                manifest = {"command": "train", "finished": not failed, "diverged": bool(failed),
+                            "step": step or start + len(result.series["loss"]), "total_steps": s["steps"]}  # fmt: skip
+                written = out.write(lambda folder: _fill(folder, document, None if twin is None else
+                                                         (lambda f: save(f, step, twin))), manifest)  # fmt: skip
+                why = ""
+                if failed:
+                    why = (f" (the checkpoint is of step {step}, {LastGoodState.MEANING})" if step else
+                           " (no checkpoint: no step of this run was good)")  # fmt: skip
+                print(f"wrote {', '.join(written)} to {out.path}{why}")
             if failed:
                 print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
             elif stop.requested:
@@ -434,6 +548,18 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         if failed:
             return 3
         return 128 + stop.signum if stop.signum else 0
+
+
+def _local_state(dp: DataParallel) -> tuple[Any, Any, dict[str, Any]]:
+    """Copies of what this rank holds of the run: the weights, its masters, its optimizer's state."""
+    return dp.weights.copy(), dp.shard.tensor.data.copy(), dp.optimizer.state_dict()
+
+
+def _put_local_state(dp: DataParallel, state: tuple[Any, Any, dict[str, Any]]) -> None:
+    weights, masters, optimizer = state
+    dp.weights[...] = weights  # in place: every parameter of the model views this vector
+    dp.shard.tensor.data[...] = masters
+    dp.optimizer.load_state_dict(optimizer)
 
 
 def _say_stopped(exc: Interrupted, s: dict[str, Any], ranks: int, out: Any) -> None:
@@ -453,8 +579,21 @@ def _say_stopped(exc: Interrupted, s: dict[str, Any], ranks: int, out: Any) -> N
           f"--resume {checkpoint_path} --out {out.path}{''.join(' ' + f for f in flags)}", file=sys.stderr)  # fmt: skip
 
 
+def _held_folder(path: str) -> Any:
+    """Rank 0's OutputFolder for --out, locked against other runs (until run_distributed returns)."""
+    from tinyamp.experiments.output_folder import OutputFolder
+
+    for held in _LOCKED:
+        if held.path == Path(path).absolute():
+            return held
+    out = OutputFolder(path, "--out")
+    out.lock()
+    _LOCKED.append(out)
+    return out
+
+
 def _checked_folder(folder_type: Any, path: str) -> Any:
-    out = folder_type(path, "--out")
+    out = _held_folder(path)
     for sentence in out.recover():
         print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
     out.check()

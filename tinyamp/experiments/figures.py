@@ -63,8 +63,10 @@ def _values(series: list[Any]) -> np.ndarray:
 
 
 def _steps(result: dict[str, Any], n: int) -> np.ndarray:
-    """The step numbers of a per-step series of length `n`: a resumed run's series start where it resumed."""
-    return int(result.get("steps", n)) - n + np.arange(n)
+    """The step numbers of a per-step series of length `n`, from its ``first_step`` (0 unless a run resumed
+    from a checkpoint without a history; results.json files older than that field end at ``steps``)."""
+    first = result["first_step"] if "first_step" in result else int(result.get("steps", n)) - n
+    return first + np.arange(n)
 
 
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -177,6 +179,9 @@ def draw_loss_curves(task: dict[str, Any], title: str) -> Any:
         return f"at most {100 * np.max(np.abs(b[both] - a[both]) / np.abs(a[both])):.2g}% apart"
 
     _say_hidden(fig, ax, lines, names, gap)
+    resumed = sorted({s for r in task["regimes"].values() for s in r.get("resumed_at") or []})
+    for i, step in enumerate(resumed):  # where a stopped run went on from its checkpoint
+        ax.axvline(step, color="0.5", lw=0.8, ls=":", label="resumed from a checkpoint" if i == 0 else None)
     ax.legend(fontsize="small")
     return fig
 

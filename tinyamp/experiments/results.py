@@ -54,6 +54,9 @@ class RegimeResult:
     histogram: dict[str, Any] = field(default_factory=dict)  # log2|g| counts at the end, unscaled and scaled
     memory: dict[str, Any] = field(default_factory=dict)  # with --memory: bytes held by role, peak of a step
     ms_per_step_spread: list[float] = field(default_factory=list)  # 10th and 90th percentiles of the timed steps
+    stopped: str | None = None  # why the run ended before its last step (the loss scale underflowed to 0)
+    first_step: int = 0  # the step of series[0]: 0, or where a run resumed from a checkpoint without a history
+    resumed_at: list[int] = field(default_factory=list)  # the steps where the run was resumed
 
     def to_json(self) -> dict[str, Any]:
         """A dict with only JSON values (NaN becomes None)."""

@@ -23,6 +23,9 @@ PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
 SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
 SCHEDULES = ("cosine", "constant")
 MAX_SEED = 2**63 - 1  # NumPy's generators take any non-negative integer; this bound keeps it an int64
+# A checkpoint keeps the loss scaler's history of every step (about 500 bytes of parsed
+# metadata a step, amp/checkpoint_file.py); 100,000 steps stay within what one may hold.
+MAX_STEPS = 100_000
 
 
 def _is_int(value: Any) -> bool:
@@ -34,7 +37,14 @@ def problem(name: str, value: Any) -> str | None:
     choices = {"model": MODELS, "precision": PRECISIONS, "scaler": SCALERS, "schedule": SCHEDULES}
     if name in choices:
         return None if value in choices[name] else f"must be one of {', '.join(choices[name])}; got {value!r}"
-    if name in ("steps", "total_steps", "batch_size"):
+    if name in ("steps", "total_steps"):
+        if _is_int(value) and 1 <= value <= MAX_STEPS:
+            return None
+        return (
+            f"must be a whole number from 1 to {MAX_STEPS:,} (a checkpoint keeps the loss scale of every step); "
+            f"got {value!r}"
+        )
+    if name == "batch_size":
         return None if _is_int(value) and value >= 1 else f"must be a whole number of at least 1; got {value!r}"
     if name in ("step", "checkpoint_every"):
         return None if _is_int(value) and value >= 0 else f"must be a whole number of at least 0; got {value!r}"
@@ -58,6 +68,12 @@ def checked_stored(saved: Any, path: str) -> dict[str, Any]:
     """
     if not isinstance(saved, dict):
         raise ValueError(f"{path}: the checkpoint's settings are not a table of values; the file was edited or damaged")
+    unknown = sorted(set(saved) - set(STORED))
+    if unknown:
+        raise ValueError(
+            f"{path}: the checkpoint's settings include {unknown[0]!r}, which `tinyamp train` never stores; the file "
+            "was edited or crafted"
+        )
     saved = dict(saved)
     saved.setdefault("total_steps", saved.get("step"))
     for name in STORED:
@@ -72,6 +88,22 @@ def checked_stored(saved: Any, path: str) -> dict[str, Any]:
             "total; the file was edited or damaged"
         )
     return {name: saved[name] for name in STORED}
+
+
+EXTRA_SECTIONS = ("train", "distributed", "history")  # what `tinyamp train` stores in a checkpoint's extra
+
+
+def checked_extra(extra: Any, path: str) -> dict[str, Any]:
+    """The settings in the ``extra`` of a `tinyamp train` checkpoint, checked (ValueError: one sentence)."""
+    if not isinstance(extra, dict) or "train" not in extra:
+        raise ValueError(f"{path}: this checkpoint was not written by `tinyamp train`")
+    unknown = sorted(set(extra) - set(EXTRA_SECTIONS))
+    if unknown:
+        raise ValueError(
+            f"{path}: the checkpoint's extra holds {unknown[0]!r}, which `tinyamp train` never writes; the file was "
+            "edited or crafted"
+        )
+    return checked_stored(extra["train"], path)
 
 
 def extension_note(task: Any, step: int, old_total: int, new_total: int) -> str:

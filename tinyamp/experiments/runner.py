@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp.amp import MasterWeights
+from tinyamp.experiments import history as run_history
 from tinyamp.experiments import measure
 from tinyamp.experiments.regimes import REGIMES, Setup, bfloat16_available, build
 from tinyamp.experiments.results import RegimeResult
@@ -58,6 +59,8 @@ def run_regime(
     start: int = 0,
     memory: bool = False,
     after_step: Callable[[int], None] | None = None,
+    on_loss: Callable[[int, float, bool], None] | None = None,
+    history: dict[str, Any] | None = None,
 ) -> tuple[RegimeResult, Setup]:
     """Train `task` in `regime` for `steps` steps (from step `start` of a resumed `setup`).
 
@@ -66,18 +69,24 @@ def run_regime(
     With `memory`, the last step runs under ``peak_memory`` and the bytes held after it are
     itemized (``result.memory``).  ``after_step(done)``, when given, runs after every step
     with the number of steps done: the place to save a checkpoint, or to stop (by raising).
+    ``on_loss(done, loss, skipped)``, when given, runs before it with the step's loss and whether
+    the step was skipped (the place to keep the last good state of a run that may diverge).
+    A FloatingPointError from the step (the loss scale underflowed to 0) ends the loop: the
+    result covers the steps done, and ``result.stopped`` holds the error's sentence.
     Steps are measured when ``step % measure_every == 0`` (and the last), counted from the
     start of the run, not of this call: a resumed run measures the steps an uninterrupted one would.
+    `history` (``experiments.history``: the series of the steps before `start`, from a
+    checkpoint) is appended to in place, so that the result covers the whole run.
     """
     spec = REGIMES[regime]
     if setup is None:
         setup = build(spec, task.make_model(), task.make_optimizer, scaler)
     reference = copy.deepcopy(setup.model).float()  # for the true (FP32) gradients; reloaded when measuring
     fmt = spec.low_precision or "float16"  # FP32's row shows nothing; the census still runs on it for the figure
-    series: dict[str, list[Any]] = {"loss": [], "scale": [], "skipped": [], "lr": []}
-    measured: dict[str, list[Any]] = {
-        "step": [], "changed": [], "lost": [], "underflow_fraction": [], "underflow_norm_fraction": []
-    }  # fmt: skip
+    history = run_history.new(start) if history is None else history
+    series: dict[str, list[Any]] = history["series"]  # per step, from the run's first step
+    measured: dict[str, list[Any]] = history["measured"]
+    first = history["first_step"]
     saved = None
     step_seconds: list[float] = []  # the timed steps' wall times
     grads, scale = np.zeros(0), 1.0
@@ -85,6 +94,7 @@ def run_regime(
     began = time.perf_counter()
     bar = progress(total=steps, initial=start, desc=f"{task.name} {regime}") if progress else None
     batches = task.batches(start=start)
+    stopped = None
     try:
         for step in range(start, steps):
             batch = next(batches)
@@ -102,17 +112,21 @@ def run_regime(
                     saved = saved_tensors(loss)
 
             t0 = time.perf_counter()
-            if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
-                (loss, report, counts), peak = peak_memory(
-                    lambda b=batch, i=inspect, m=is_measured: setup.step(
-                        lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
-                    ),
-                    device=task.device,
-                )
-            else:
-                loss, report, counts = setup.step(
-                    lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
-                )
+            try:
+                if memory and step == steps - 1:  # the last step, measured for real (tracemalloc / CuPy pool)
+                    (loss, report, counts), peak = peak_memory(
+                        lambda b=batch, i=inspect, m=is_measured: setup.step(
+                            lambda mod, bb=b: task.loss(mod, bb), measure_lost=m, inspect=i
+                        ),
+                        device=task.device,
+                    )
+                else:
+                    loss, report, counts = setup.step(
+                        lambda m, b=batch: task.loss(m, b), measure_lost=is_measured, inspect=inspect
+                    )
+            except FloatingPointError as exc:  # the scaler found that no later step can succeed
+                stopped = str(exc)
+                break
             if not is_measured and inspect is None and peak is None:
                 step_seconds.append(time.perf_counter() - t0)
             series["loss"].append(loss)
@@ -129,6 +143,8 @@ def run_regime(
                 bar.update(1)
                 if step % 10 == 0 or step == steps - 1:
                     bar.set_postfix(loss=f"{loss:.4f}", scale=f"{setup.scaler.scale:g}", refresh=False)
+            if on_loss is not None:
+                on_loss(step + 1, loss, report.skipped)
             if after_step is not None:
                 after_step(step + 1)
     finally:
@@ -137,7 +153,7 @@ def run_regime(
     seconds = time.perf_counter() - began
     held = training_memory(setup.model, setup.optimizer) if memory else {}
     metrics = task.evaluate(setup.model, setup.autocast)
-    late = max(start, steps - max(1, int(round(LATE * (steps - start)))))
+    late = max(first, steps - max(1, int(round(LATE * (steps - first)))))
     result = RegimeResult(
         regime=regime,
         task=task.name,
@@ -168,6 +184,9 @@ def run_regime(
             "zeros": int(np.count_nonzero(grads == 0)),
         },
         memory={"held_bytes": held, "peak_step_bytes": peak} if memory else {},
+        stopped=stopped,
+        first_step=first,
+        resumed_at=list(history["resumed_at"]),
     )
     return result, setup
 

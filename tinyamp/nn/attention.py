@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend, dtypes
+from tinyamp.nn import checks
 from tinyamp.nn.linear import Linear
 from tinyamp.nn.module import Module
 from tinyamp.ops import dropout, softmax
@@ -53,6 +54,9 @@ class CausalSelfAttention(Module):
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, dtype: Any = "float32") -> None:
         super().__init__()
+        dim = checks.size("CausalSelfAttention", "dim", dim, 64)
+        heads = checks.size("CausalSelfAttention", "heads", heads, 4)
+        dropout = checks.real("CausalSelfAttention", "dropout", dropout, 0.1, 0.0, 1.0, high_open=True)
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads} (each head gets dim / heads features)")
         self.dim, self.heads, self.dropout = dim, heads, dropout

@@ -16,6 +16,11 @@ class ModuleList(Module):
 
     def __init__(self, modules: Iterable[Module] = ()) -> None:
         super().__init__()
+        if isinstance(modules, Module) or not isinstance(modules, Iterable):
+            raise TypeError(
+                f"{type(self).__name__} takes an iterable of Modules, e.g. {type(self).__name__}([nn.Linear(4, 4)]); "
+                f"got {type(modules).__name__}"
+            )
         for m in modules:
             self.append(m)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tinyamp.nn import checks
 from tinyamp.nn.module import Module
 from tinyamp.ops import dropout
 from tinyamp.tensor import Tensor
@@ -15,9 +16,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1); got {p}")
-        self.p = p
+        self.p = checks.real("Dropout", "p", p, 0.1, 0.0, 1.0, high_open=True)  # p = 1 would scale by 1 / 0
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp.nn import init
+from tinyamp.nn import checks, init
 from tinyamp.nn.module import Module
 from tinyamp.nn.parameter import Parameter
 from tinyamp.ops import embedding
@@ -22,6 +22,9 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, dim: int, std: float = 1.0, dtype: Any = "float32") -> None:
         super().__init__()
+        num_embeddings = checks.size("Embedding", "num_embeddings", num_embeddings, 96)
+        dim = checks.size("Embedding", "dim", dim, 64)
+        std = checks.real("Embedding", "std", std, 0.02, 0.0)
         self.num_embeddings, self.dim, self.std = num_embeddings, dim, std
         self.weight = init.normal_(Parameter(np.zeros((num_embeddings, dim)), dtype=dtype), 0.0, std)
 

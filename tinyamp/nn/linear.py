@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp.nn import init
+from tinyamp.nn import checks, init
 from tinyamp.nn.module import Module
 from tinyamp.nn.parameter import Parameter
 from tinyamp.ops import linear
@@ -23,6 +23,9 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = "float32") -> None:
         super().__init__()
+        in_features = checks.size("Linear", "in_features", in_features, 64)  # 0 would divide by 0 just below
+        out_features = checks.size("Linear", "out_features", out_features, 10)
+        bias = checks.flag("Linear", "bias", bias)
         self.in_features, self.out_features = in_features, out_features
         bound = 1 / math.sqrt(in_features)
         self.weight = init.uniform_(Parameter(np.zeros((out_features, in_features)), dtype=dtype), -bound, bound)

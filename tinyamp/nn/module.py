@@ -252,6 +252,11 @@ class Module:
         (no silent cast: a float16 checkpoint loaded into a float32 model is a choice
         to make explicitly).  Values may be NumPy/CuPy arrays or Tensors.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"{type(self).__name__}.load_state_dict takes a mapping of names to arrays, as model.state_dict() "
+                f"returns; got {type(state_dict).__name__}"
+            )
         own = self._state_tensors()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
@@ -259,7 +264,12 @@ class Module:
         if strict and missing:
             problems.append(f"missing keys (in the model, not in the state_dict): {', '.join(missing)}")
         if strict and unexpected:
-            problems.append(f"unexpected keys (in the state_dict, not in the model): {', '.join(unexpected)}")
+            problems.append(f"unexpected keys (in the state_dict, not in the model): {', '.join(map(str, unexpected))}")
+        if strict and (missing or unexpected):
+            problems.append(
+                "pass the state_dict() of a model built with the same layers, or strict=False to load the keys "
+                "both have (the result lists the others)"
+            )
         values: dict[str, Any] = {}
         for name, t in own.items():
             if name not in state_dict:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp.nn import checks
 from tinyamp.nn.module import Module
 from tinyamp.nn.parameter import Parameter
 from tinyamp.ops import layer_norm
@@ -22,6 +23,8 @@ class LayerNorm(Module):
 
     def __init__(self, dim: int, eps: float = 1e-5, dtype: Any = "float32") -> None:
         super().__init__()
+        dim = checks.size("LayerNorm", "dim", dim, 64)
+        eps = checks.real("LayerNorm", "eps", eps, 1e-5, 0.0, low_open=True)  # 0 divides by 0 on a constant row
         self.dim, self.eps = dim, eps
         self.weight = Parameter(np.ones(dim), dtype=dtype)
         self.bias = Parameter(np.zeros(dim), dtype=dtype)

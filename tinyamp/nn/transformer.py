@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tinyamp.creation import arange
+from tinyamp.nn import checks
 from tinyamp.nn.activation import GELU
 from tinyamp.nn.attention import CausalSelfAttention
 from tinyamp.nn.container import ModuleList, Sequential
@@ -27,6 +28,7 @@ class TransformerBlock(Module):
 
     def __init__(self, dim: int, heads: int, mlp_ratio: int = 4, dropout: float = 0.0, dtype: Any = "float32") -> None:
         super().__init__()
+        mlp_ratio = checks.size("TransformerBlock", "mlp_ratio", mlp_ratio, 4)
         self.ln1 = LayerNorm(dim, dtype=dtype)
         self.attn = CausalSelfAttention(dim, heads, dropout, dtype=dtype)
         self.ln2 = LayerNorm(dim, dtype=dtype)
@@ -53,6 +55,7 @@ class CharTransformer(Module):
         dtype: Any = "float32",
     ) -> None:  # fmt: skip
         super().__init__()
+        layers = checks.size("CharTransformer", "layers", layers, 2, at_least=0)
         self.vocab_size, self.block_size = vocab_size, block_size
         self.tok_emb = Embedding(vocab_size, dim, std=0.02, dtype=dtype)
         self.pos_emb = Embedding(block_size, dim, std=0.02, dtype=dtype)

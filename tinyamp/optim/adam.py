@@ -25,6 +25,7 @@ class Adam(Optimizer):
     """
 
     hyperparameters = ("lr", "betas", "eps", "weight_decay")
+    state_keys = ("step", "exp_avg", "exp_avg_sq")  # per parameter, from its first step on
     decoupled_weight_decay = False
 
     def __init__(

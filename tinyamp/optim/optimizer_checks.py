@@ -91,8 +91,42 @@ def checked_hyperparameter(optimizer: str, name: str, value: Any) -> Any:
     return value
 
 
+def _whole_number(value: Any) -> bool:
+    """A Python or NumPy integer >= 0 (not a bool, not a float: a count of steps)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
 def check_state_dict(optimizer: Any, state_dict: dict[str, Any]) -> None:
-    """Raise OptimizerStateError unless `state_dict` was saved by an optimizer like this one, for these parameters."""
+    """Raise OptimizerStateError unless `state_dict` was saved by an optimizer like this one, for these parameters.
+
+    A checkpoint is input, so its state is checked as its hyperparameters are: the keys a
+    state_dict has, a step count that is a whole number >= 0, each parameter's state holding
+    the keys its optimizer writes (``state_keys``), counts that are whole numbers >= 0 (Adam's
+    t = -1 would divide by 1 - beta^0 = 0 at the next step) and arrays that are finite (a
+    NaN moment makes its weight NaN at the next step, and no loss scaler can skip that: the
+    gradients are finite).
+    """
+    if not isinstance(state_dict, dict):
+        raise OptimizerStateError(f"an optimizer state_dict is a dict; got {type(state_dict).__name__}")
+    expected_keys = {"optimizer", "hyperparameters", "step_count", "params", "state"}
+    if set(state_dict) != expected_keys:
+        missing, extra = sorted(expected_keys - set(state_dict)), sorted(set(state_dict) - expected_keys)
+        raise OptimizerStateError(
+            f"an optimizer state_dict has the keys {sorted(expected_keys)}; this one "
+            + (f"lacks {missing}" if missing else "")
+            + (" and " if missing and extra else "")
+            + (f"has the unknown {extra}" if extra else "")
+            + "; pass what optimizer.state_dict() returned"
+        )
+    for key, kind in (("hyperparameters", dict), ("params", list), ("state", list)):
+        if not isinstance(state_dict[key], kind):
+            raise OptimizerStateError(
+                f"the state_dict's {key} is a {type(state_dict[key]).__name__}, not a {kind.__name__}"
+            )
+    if not _whole_number(state_dict["step_count"]):
+        raise OptimizerStateError(
+            f"the state_dict's step_count is {state_dict['step_count']!r}; it counts steps, a whole number >= 0"
+        )
     kind = state_dict.get("optimizer")
     if kind != type(optimizer).__name__:
         raise OptimizerStateError(
@@ -121,9 +155,34 @@ def check_state_dict(optimizer: Any, state_dict: dict[str, Any]) -> None:
                 f"parameter {name} has shape {p.shape} and dtype {p.dtype}, but the state_dict was saved for "
                 f"{saved['name']} of shape {tuple(saved['shape'])} and dtype {saved['dtype']}"
             )
+        if not isinstance(state, dict) or not isinstance(saved, dict):
+            raise OptimizerStateError(f"the state_dict's entry for parameter {name} is not a dict")
+        keys = getattr(optimizer, "state_keys", None)
+        if state and keys is not None and set(state) != set(keys):
+            raise OptimizerStateError(
+                f"the state of parameter {name} has the keys {sorted(state)}; {type(optimizer).__name__} keeps "
+                f"{sorted(keys)} (or nothing, before the parameter's first step)"
+            )
         for key, value in state.items():
-            if backend.is_array(value) and (value.shape != p.shape or value.dtype != expected):
+            if backend.is_array(value):
+                if value.shape != p.shape or value.dtype != expected:
+                    raise OptimizerStateError(
+                        f"state {key!r} of parameter {name}: expected shape {p.shape} and dtype {expected}, "
+                        f"got shape {value.shape} and dtype {value.dtype}"
+                    )
+                bad = _nonfinite(value)
+                if bad:
+                    raise OptimizerStateError(
+                        f"state {key!r} of parameter {name} holds {bad:,} NaN or inf values: the next step would "
+                        "make the weight NaN; the file was edited or the saved run had diverged"
+                    )
+            elif not _whole_number(value):
                 raise OptimizerStateError(
-                    f"state {key!r} of parameter {name}: expected shape {p.shape} and dtype {expected}, "
-                    f"got shape {value.shape} and dtype {value.dtype}"
+                    f"state {key!r} of parameter {name} is {value!r}; it counts steps, a whole number >= 0"
                 )
+
+
+def _nonfinite(values: Any) -> int:
+    """How many elements of the array `values` (NumPy or CuPy) are NaN or inf."""
+    xp = backend.get_array_module(values)
+    return int(values.size - int(xp.count_nonzero(xp.isfinite(values))))

@@ -20,6 +20,7 @@ class SGD(Optimizer):
     """
 
     hyperparameters = ("lr", "momentum", "weight_decay", "nesterov")
+    state_keys = ("momentum_buffer",)  # per parameter, from its first step on, when momentum > 0
 
     def __init__(
         self, params: Params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False

@@ -1,0 +1,34 @@
+"""The first thing ``import tinyamp`` runs: when the process is the `tinyamp` command, a quiet Ctrl-C.
+
+Importing NumPy and the rest of tinyamp takes a tenth of a second or more, before the
+command's own code (and its signal handlers, ``experiments/interrupts.py``) can run.  A
+Ctrl-C in that time would print a KeyboardInterrupt traceback through the import machinery.
+So, only when this process is the command (the ``tinyamp`` script, or ``python -m`` while it
+imports the module it runs), SIGINT and SIGTERM here end the process at once with the
+shell's status (130, 143) and one line; nothing has been written yet.  A program that
+imports tinyamp keeps its own handlers.  (The interpreter's own start-up, before this line
+runs, is beyond any package's reach.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def running_as_command() -> bool:
+    """Whether this process is the `tinyamp` command (or ``python -m tinyamp...``) starting up."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return argv0 == "-m" or os.path.basename(argv0) == "tinyamp"
+
+
+def _stopped_while_starting(signum: int, frame: object) -> None:
+    name = signal.Signals(signum).name
+    os.write(2, f"\ntinyamp: stopped by {name} while starting; nothing was written\n".encode())
+    os._exit(128 + signum)  # nothing to save or clean up yet; no exception through the import machinery
+
+
+if running_as_command():
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signum, _stopped_while_starting)
