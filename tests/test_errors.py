@@ -326,3 +326,35 @@ def test_combining_a_tensor_with_an_unsupported_object_names_its_type() -> None:
 def test_item_of_a_tensor_with_many_elements_names_the_shape() -> None:
     with pytest.raises(ValueError, match=esc("(3,)")):
         ta.zeros(3).item()
+
+
+# ---- tensors made from nothing, and the seed ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: ta.zeros(-1), ValueError, esc("zeros", ">= 0", "(-1,)")),
+        (lambda: ta.ones((2, -3)), ValueError, esc("ones", ">= 0", "(2, -3)")),
+        (lambda: ta.randn(-2), ValueError, esc("randn", ">= 0", "(-2,)")),
+        (lambda: ta.rand((1, -1)), ValueError, esc("rand", ">= 0", "(1, -1)")),
+        (lambda: ta.full(2.5, 0.0), TypeError, esc("full", "tuple of ints", "2.5")),
+        (lambda: ta.zeros(True), TypeError, esc("zeros", "tuple of ints", "True")),
+        (lambda: ta.arange(0, 5, 0), ValueError, esc("arange", "step of 0")),
+        (lambda: ta.arange(0.5), TypeError, esc("arange", "ints", "0.5")),
+        (lambda: ta.manual_seed(-1), ValueError, esc("manual_seed", "0 to 2^64 - 1", "-1")),
+        (lambda: ta.manual_seed(1.5), ValueError, esc("manual_seed", "1.5")),
+        (lambda: ta.manual_seed(2**64), ValueError, esc("manual_seed", str(2**64))),
+    ],
+)  # fmt: skip
+def test_shapes_and_seeds_that_mean_nothing_are_refused_with_the_fix(make, error: type, match: str) -> None:  # noqa: ANN001
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_shapes_and_seeds_that_mean_something_are_taken() -> None:
+    assert ta.zeros(np.int64(3)).shape == (3,) and ta.ones([2, 0]).shape == (2, 0)
+    assert ta.arange(np.int64(4)).numpy().tolist() == [0, 1, 2, 3] and ta.arange(5, 0, -2).numpy().tolist() == [5, 3, 1]
+    ta.manual_seed(np.uint64(2**64 - 1))
+    ta.manual_seed(0)
+    first = ta.randn(3).numpy()
+    ta.manual_seed(0)
+    assert np.array_equal(ta.randn(3).numpy(), first)

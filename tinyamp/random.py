@@ -79,8 +79,10 @@ def uniform(xp: Any, key: int, offset: int, n: int) -> Any:
 
 
 def manual_seed(seed: int) -> None:
-    """Reseed every device's generator."""
+    """Reseed every device's generator; `seed` is a whole number in [0, 2^64)."""
     global _seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise ValueError(f"manual_seed takes a whole number from 0 to 2^64 - 1, like manual_seed(0); got {seed!r}")
     _seed = int(seed)
     _generators.clear()
 
