@@ -668,3 +668,17 @@ def test_an_nccl_set_up_that_never_ends_stops_the_job_after_the_time_out(tmp_pat
     assert done.returncode != 0
     assert "waited more than 3 s for NCCL to start (init_process_group)" in done.stderr, done.stderr[-2000:]
     assert time.monotonic() - began < 60  # the time-out and the abort, not an endless wait
+
+
+def test_a_program_run_with_python_m_whose_package_imports_tinyamp_keeps_its_own_ctrl_c(tmp_path: Path) -> None:
+    """The quiet start-up Ctrl-C is the command's alone: `python -m userpkg.run` keeps KeyboardInterrupt."""
+    package = tmp_path / "userpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("import tinyamp\n")
+    (package / "run.py").write_text(
+        "import signal\nprint(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    done = subprocess.run([sys.executable, "-m", "userpkg.run"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

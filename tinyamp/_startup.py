@@ -18,9 +18,14 @@ import sys
 
 
 def running_as_command() -> bool:
-    """Whether this process is the `tinyamp` command (or ``python -m tinyamp...``) starting up."""
+    """Whether this process is the `tinyamp` command, or ``python -m tinyamp...`` (not another module run
+    with -m whose package happens to import tinyamp: its program keeps Python's own Ctrl-C)."""
     argv0 = sys.argv[0] if sys.argv else ""
-    return argv0 == "-m" or os.path.basename(argv0) == "tinyamp"
+    if os.path.basename(argv0) == "tinyamp":
+        return True
+    original = getattr(sys, "orig_argv", [])  # Python >= 3.10: the interpreter's own command line
+    module = next((original[i + 1] for i, a in enumerate(original[:-1]) if a == "-m"), "")
+    return module == "tinyamp" or module.startswith("tinyamp.")
 
 
 def _stopped_while_starting(signum: int, frame: object) -> None:
