@@ -73,6 +73,19 @@ def test_nvfp4_meets_a_reference_written_with_ml_dtypes(seed: int, spread: float
     assert np.array_equal(q.dequantize(), expected.reshape(3, 64))
 
 
+@pytest.mark.parametrize(("block_amax", "top"), [(1.0625, 6.375), (1.4 * 2.0**-9, 8.4)])
+def test_an_nvfp4_block_scale_rounded_down_saturates_its_top_element(block_amax: float, top: float) -> None:
+    # The tensor amax 448 makes S = 6; the second block's scale block_amax * 6 / 6 rounds down in E4M3:
+    # 1.0625 (a tie) to 1, and 1.4 * 2^-9 (a subnormal) to 2^-9, so its top element, 6 times more, passes 6.
+    x = np.zeros(32, np.float32)
+    x[0], x[16] = 448.0, block_amax
+    q = quantize(x, "nvfp4")
+    scale = block_amax * 6.0 / top  # the rounded-down block scale: 1, and 2^-9
+    assert q.tensor_scale == 6.0 and q.block_scales()[0, 1] == pytest.approx(scale, rel=1e-12)
+    assert top > 6.0 and decode(q.codes[16], E2M1) == 6.0  # saturated
+    assert q.dequantize()[16] == pytest.approx(scale, rel=1e-6) and q.dequantize()[16] < block_amax
+
+
 @pytest.mark.parametrize("scheme", POWER_OF_TWO)
 @pytest.mark.parametrize("rounding", ["floor", "up"])
 @given(seed=st.integers(0, 2**32 - 1))

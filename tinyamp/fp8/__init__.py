@@ -17,7 +17,9 @@ Around them, off the reading path: ``scales`` (a model's tensors by name, a form
 ``ml_dtypes`` is never needed: the tests use it as the reference the hand-written casts meet.
 """
 
-from tinyamp.fp8.blocks import SCHEMES, BlockTensor, quantize
+from tinyamp.fp8.blocks import SCHEMES as BLOCK_SCHEMES
+from tinyamp.fp8.blocks import BlockTensor
+from tinyamp.fp8.blocks import quantize as quantize_blocks
 from tinyamp.fp8.formats import E2M1, E4M3, E5M2, FORMATS, Minifloat, decode, decode_e8m0, encode, encode_e8m0
 from tinyamp.fp8.products import fp8_matmul
 from tinyamp.fp8.scales import Fp8Scales
@@ -29,5 +31,5 @@ BLOCKS = "tinyamp/fp8/blocks.py"  # beside the chapter, at most 150 lines
 __all__ = [
     "E4M3", "E5M2", "E2M1", "FORMATS", "Minifloat", "encode", "decode", "encode_e8m0", "decode_e8m0",
     "ScalingRecipe", "TensorScaling", "CastEvent", "Fp8Tensor", "next_scale", "Fp8Scales", "fp8_matmul", "CHAPTER",
-    "BlockTensor", "SCHEMES", "quantize", "BLOCKS",
+    "BlockTensor", "BLOCK_SCHEMES", "quantize_blocks", "BLOCKS",
 ]  # fmt: skip
