@@ -223,3 +223,16 @@ def test_shared_exponents_of_zero_and_the_extremes_stay_in_e8m0() -> None:
     amax = np.array([0.0, 2.0**-149, 1.0, 448.0, 449.0, float(np.finfo(np.float32).max)])
     assert shared_exponents(amax, E4M3, "floor").tolist() == [-127, -127, -8, 0, 0, 119]
     assert shared_exponents(amax, E4M3, "up").tolist() == [-127, -127, -8, 0, 1, 120]
+
+
+def test_rounding_up_sends_an_amax_within_3_percent_of_float32s_max_to_infinity() -> None:
+    edge = np.float32(248 * 2.0**120)  # e = 120 and 248 rounds (a tie, to even) to 256: 2^128
+    below = np.nextafter(edge, np.float32(0))
+    for rounding, amax, expected in [
+        ("up", edge, np.inf),
+        ("up", below, 240 * 2.0**120),
+        ("floor", edge, 448 * 2.0**119),
+    ]:
+        x = np.zeros(32, np.float32)
+        x[0] = amax
+        assert quantize(x, "mxfp8_e4m3", rounding).dequantize()[0] == expected

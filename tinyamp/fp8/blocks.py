@@ -19,12 +19,14 @@ value is its element times its block's scale.  Blocks run along the last axis (r
 OCP reference takes e = floor(log2 block_amax) - emax_elem (rounding ``"floor"``): the block's
 amax lands in [2^emax_elem, 2^(emax_elem+1)), which for E4M3 is [256, 512), and above 448 it
 saturates; for Gaussian data that clips the top of about one block in six (measured in
-tests/test_fp8_blocks.py).  Transformer Engine rounds the scale up (``"up"``): the smallest e
-with block_amax / 2^e <= FMT_MAX, and nothing saturates.  MX defaults to ``"floor"``, DeepSeek's
-blocks to ``"up"``.  Exponents are clamped to E8M0's [-127, 127]; a block of zeros gets 2^-127.
-The elements are x / 2^e, exact in float32 (a power of two; below float32's normals the bits
-lost are far below the format's own smallest value), cast with saturation; decoding is exact
-(under ``"up"``, a block amax within 15% of float32's max can round to 2^128: infinity).
+tests/test_fp8_blocks.py).  Transformer Engine rounds the scale up; ``"up"`` here is the exact
+rule, the smallest e with block_amax / 2^e <= FMT_MAX, and nothing saturates (TE reaches its
+power of two through amax times float32 1/FMT_MAX, which can round across a boundary).
+MX defaults to ``"floor"``, DeepSeek's blocks to ``"up"``.  Exponents are clamped to E8M0's
+[-127, 127]; a block of zeros gets 2^-127.  The elements are x / 2^e, exact in float32 (a power
+of two; below float32's normals the bits lost are far below the format's own smallest value),
+cast with saturation; decoding is exact (but under ``"up"`` a block amax from 248 * 2^120,
+3% below float32's max, rounds to 256 * 2^120 = 2^128: infinity).
 
 **NVFP4.**  S = 448 * 6 / tensor_amax in float32 (1 when the amax is 0 or not finite, float32's
 max if the quotient overflows) spreads the tensor over E4M3's range of block scales.  Each
