@@ -40,7 +40,7 @@ is the multiplication by float32(1 / S).
 with eight outliers).  FP4 spans only 0.5 to 6: one scale per tensor loses the bulk at 100x
 outliers, NVFP4 keeps it.  E4M3's range absorbs a 100x outlier, and there per-tensor scaling
 is as good as blocks (the floor rule's clipping even makes MXFP8 worse); at 10^5x the bulk
-falls into E4M3's subnormals under one scale, and 1 x 32 or 1 x 128 blocks err 5 times less.
+falls into E4M3's subnormals under one scale, and 1 x 32 or 1 x 128 blocks err over 5 times less.
 
 **Bad input.**  A block that does not divide the last axis (or, for 128 x 128, the rows) is
 refused with the shape and the fix (pad with zeros: they change no amax).  NaN or infinity is
