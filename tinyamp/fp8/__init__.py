@@ -9,19 +9,27 @@ The chapter, in reading order (``CHAPTER``; at most 400 lines, each mechanism on
 * ``products``: FP8 x FP8 products, exact, summed in FP32 and scaled back; a narrow
   accumulator and the promotion to FP32 that repairs long sums.
 
-Around it, off the reading path: ``scales`` (a model's tensors by name, a format per pass),
+Beside it, read next: ``blocks`` (block scaling: MXFP8, NVFP4 and DeepSeek-V3's tiles, a
+scale per block of 16 to 128 x 128 values), a module of its own with a budget of its own
+(at most 150 lines), since the chapter had 17 of its 400 lines left.
+Around them, off the reading path: ``scales`` (a model's tensors by name, a format per pass),
 ``scaling_checks`` (the refusals of bad settings and damaged states) and ``tables``.
 ``ml_dtypes`` is never needed: the tests use it as the reference the hand-written casts meet.
 """
 
+from tinyamp.fp8.blocks import SCHEMES as BLOCK_SCHEMES
+from tinyamp.fp8.blocks import BlockTensor
+from tinyamp.fp8.blocks import quantize as quantize_blocks
 from tinyamp.fp8.formats import E2M1, E4M3, E5M2, FORMATS, Minifloat, decode, decode_e8m0, encode, encode_e8m0
 from tinyamp.fp8.products import fp8_matmul
 from tinyamp.fp8.scales import Fp8Scales
 from tinyamp.fp8.scaling import CastEvent, Fp8Tensor, ScalingRecipe, TensorScaling, next_scale
 
 CHAPTER = ("tinyamp/fp8/formats.py", "tinyamp/fp8/scaling.py", "tinyamp/fp8/products.py")
+BLOCKS = "tinyamp/fp8/blocks.py"  # beside the chapter, at most 150 lines
 
 __all__ = [
     "E4M3", "E5M2", "E2M1", "FORMATS", "Minifloat", "encode", "decode", "encode_e8m0", "decode_e8m0",
     "ScalingRecipe", "TensorScaling", "CastEvent", "Fp8Tensor", "next_scale", "Fp8Scales", "fp8_matmul", "CHAPTER",
+    "BlockTensor", "BLOCK_SCHEMES", "quantize_blocks", "BLOCKS",
 ]  # fmt: skip

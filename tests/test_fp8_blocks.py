@@ -1,0 +1,238 @@
+"""tinyamp/fp8/blocks.py: MXFP8, NVFP4 and DeepSeek-V3's blocks meet an independent ml_dtypes reference,
+their power-of-two scales are exact, "up" never saturates and the OCP "floor" rule clips about one
+block in six, and with outliers every block scheme's error is below per-tensor scaling's."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyamp.fp8.blocks import SCHEMES, quantize, shared_exponents
+from tinyamp.fp8.formats import E2M1, E4M3, E5M2, decode, encode
+from tinyamp.fp8.scaling import next_scale
+
+pytestmark = pytest.mark.fp8
+
+POWER_OF_TWO = [s for s, (_, _, rounding) in SCHEMES.items() if rounding is not None]
+ML = {"E4M3": ml_dtypes.float8_e4m3fn, "E5M2": ml_dtypes.float8_e5m2}
+
+
+def gaussian(seed: int, shape=(256, 1024), outliers: float = 0.0) -> np.ndarray:
+    """Standard normal values; with `outliers`, eight of them (one in 32768) are that many times larger."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if outliers:
+        x.reshape(-1)[rng.choice(x.size, 8, replace=False)] *= np.float32(outliers)
+    return x
+
+
+def tiles_of(x: np.ndarray, scheme: str) -> np.ndarray:
+    r, c = SCHEMES[scheme][1]
+    return x.reshape(-1, r, x.shape[-1] // c, c)
+
+
+@pytest.mark.parametrize("scheme", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("rounding", ["floor", "up"])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_mxfp8_meets_a_reference_written_with_ml_dtypes(scheme: str, rounding: str, seed: int) -> None:
+    fmt = SCHEMES[scheme][0]
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((4, 64)) * 10.0 ** rng.uniform(-30, 30, (4, 1))).astype(np.float32)
+    q = quantize(x, scheme, rounding)
+    amax = np.abs(x.reshape(4, 2, 32)).max(axis=2).astype(np.float64)
+    e = np.floor(np.log2(amax)) - np.floor(np.log2(fmt.max))  # the OCP rule, through log2
+    if rounding == "up":
+        e += amax / 2.0**e > fmt.max
+    assert np.array_equal(q.scales, (2.0**e).astype(np.float32).astype(ml_dtypes.float8_e8m0fnu).view(np.uint8))
+    elements = np.clip(x.reshape(4, 2, 32) / 2.0 ** e[..., None], -fmt.max, fmt.max)  # saturate, then cast
+    assert np.array_equal(q.codes, elements.astype(ML[fmt.name]).view(np.uint8).reshape(4, 64))
+    assert np.array_equal(
+        q.dequantize(), (elements.astype(ML[fmt.name]).astype(np.float64) * 2.0 ** e[..., None]).reshape(4, 64)
+    )
+
+
+@given(seed=st.integers(0, 2**32 - 1), spread=st.floats(-20, 20))
+def test_nvfp4_meets_a_reference_written_with_ml_dtypes(seed: int, spread: float) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3, 64)) * 10.0 ** rng.uniform(-3, 3, (3, 4, 1)).repeat(16, 2).reshape(3, 64) * 10.0**spread
+    x = x.astype(np.float32)
+    q = quantize(x, "nvfp4")
+    s = np.float32(448 * 6) / np.abs(x).max()
+    amax = np.abs(x.reshape(3, 4, 16)).max(axis=2)
+    block = np.clip(amax * s / np.float32(6), 0, 448).astype(ml_dtypes.float8_e4m3fn)
+    assert q.tensor_scale == s and np.array_equal(q.scales, block.view(np.uint8).reshape(3, 4))
+    with np.errstate(divide="ignore"):  # a block scale flushed to 0 (a block 2^19 times below the amax): zeros
+        multiplier = np.where(block.astype(np.float32) > 0, s / block.astype(np.float32), np.float32(0))
+    elements = x.reshape(3, 4, 16) * multiplier[..., None]
+    fp4 = np.clip(elements, -6, 6).astype(ml_dtypes.float4_e2m1fn)
+    assert np.array_equal(q.codes, (fp4.view(np.uint8) & 0xF).reshape(3, 64))
+    expected = fp4.astype(np.float32) * block.astype(np.float32)[..., None] * (np.float32(1) / s)
+    assert np.array_equal(q.dequantize(), expected.reshape(3, 64))
+
+
+@pytest.mark.parametrize(("block_amax", "top"), [(1.0625, 6.375), (1.4 * 2.0**-9, 8.4)])
+def test_an_nvfp4_block_scale_rounded_down_saturates_its_top_element(block_amax: float, top: float) -> None:
+    # The tensor amax 448 makes S = 6; the second block's scale block_amax * 6 / 6 rounds down in E4M3:
+    # 1.0625 (a tie) to 1, and 1.4 * 2^-9 (a subnormal) to 2^-9, so its top element, 6 times more, passes 6.
+    x = np.zeros(32, np.float32)
+    x[0], x[16] = 448.0, block_amax
+    q = quantize(x, "nvfp4")
+    scale = block_amax * 6.0 / top  # the rounded-down block scale: 1, and 2^-9
+    assert q.tensor_scale == 6.0 and q.block_scales()[0, 1] == pytest.approx(scale, rel=1e-12)
+    assert top > 6.0 and decode(q.codes[16], E2M1) == 6.0  # saturated
+    assert q.dequantize()[16] == pytest.approx(scale, rel=1e-6) and q.dequantize()[16] < block_amax
+
+
+@pytest.mark.parametrize("scheme", POWER_OF_TWO)
+@pytest.mark.parametrize("rounding", ["floor", "up"])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_values_already_representable_come_back_exactly_with_their_scales(
+    scheme: str, rounding: str, seed: int
+) -> None:
+    fmt, (r, c), _ = SCHEMES[scheme]
+    rng = np.random.default_rng(seed)
+    shape = (r * 2, c * 2)
+    finite = np.flatnonzero(np.isfinite(fmt.values)).astype(np.uint8)
+    codes = rng.choice(finite, shape)
+    t = codes.reshape(2, r, 2, c)
+    t[:, 0, :, 0] = encode(np.float32(fmt.max), fmt)  # each block's amax is the format's max: both rules keep e
+    e = rng.integers(-120, 110, (2, 2))
+    x = (decode(codes, fmt).reshape(2, r, 2, c) * 2.0 ** e[:, None, :, None]).astype(np.float32).reshape(shape)
+    q = quantize(x, scheme, rounding)
+    assert np.array_equal(q.dequantize(), x) and np.array_equal(q.scales, (e + 127).astype(np.uint8))
+
+
+@pytest.mark.parametrize("scheme", POWER_OF_TWO)
+@given(seed=st.integers(0, 2**32 - 1), rounding=st.sampled_from(["floor", "up"]))
+def test_quantizing_twice_changes_nothing(scheme: str, seed: int, rounding: str) -> None:
+    r, c = SCHEMES[scheme][1]
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((r * 2, c)) * 10.0 ** rng.uniform(-20, 20)).astype(np.float32)
+    once = quantize(x, scheme, rounding).dequantize()
+    assert np.array_equal(quantize(once, scheme, rounding).dequantize(), once)
+
+
+@pytest.mark.parametrize("scheme", POWER_OF_TWO)
+@given(seed=st.integers(0, 2**32 - 1), power=st.floats(-40, 37))
+def test_rounding_up_never_saturates_and_every_scale_is_a_power_of_two(scheme: str, seed: int, power: float) -> None:
+    fmt, (r, c), _ = SCHEMES[scheme]
+    x = (np.random.default_rng(seed).standard_normal((r * 2, c * 2)) * 10.0**power).astype(np.float32)
+    q = quantize(x, scheme, "up")
+    scales = q.block_scales().astype(np.float64)
+    mantissa, _ = np.frexp(scales)
+    assert np.all(mantissa == 0.5)  # 2^e exactly
+    top = np.abs(tiles_of(x, scheme)).max(axis=(1, 3)) / scales
+    assert np.all(top <= fmt.max)  # the block's max element after scaling, before any rounding
+    if np.all(top > 0):  # the smallest such power of two: half of it would saturate (unless E8M0 clamps)
+        assert np.all((top * 2 > fmt.max) | (scales == 2.0**-127))
+
+
+def test_the_ocp_floor_rule_clips_about_one_gaussian_block_in_six_and_rounding_up_none(capsys) -> None:
+    x = gaussian(0, (1024, 1024))
+    fractions = {}
+    for rounding in ("floor", "up"):
+        q = quantize(x, "mxfp8_e4m3", rounding)
+        scaled = np.abs(tiles_of(x, "mxfp8_e4m3")) / q.block_scales()[:, None, :, None]
+        clipped = scaled > E4M3.max
+        error = np.linalg.norm(q.dequantize() - x) / np.linalg.norm(x)
+        fractions[rounding] = (clipped.any(axis=(1, 3)).mean(), clipped.mean(), error)
+    with capsys.disabled():
+        for rounding, (blocks, elements, error) in fractions.items():
+            print(f"\nMXFP8 E4M3 {rounding:5s}: {blocks:.4f} of blocks clipped, {elements:.5f} of elements, "
+                  f"relative RMS error {error:.5f}", end="")  # fmt: skip
+    assert 1 / 7 < fractions["floor"][0] < 1 / 5  # about one block in six
+    assert fractions["floor"][1] < 0.01 and fractions["up"][0] == 0 and fractions["up"][1] == 0
+
+
+def per_tensor(x: np.ndarray, fmt) -> np.ndarray:
+    """Current per-tensor scaling: scale = FP8_MAX / amax (the chapter's rule), cast, scale back."""
+    scale = np.float32(next_scale(float(np.abs(x).max()), 1.0, fmt.max, 0)[0])
+    return decode(encode(x * scale, fmt), fmt) * (np.float32(1) / scale)
+
+
+def bulk_errors(outliers: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Relative RMS errors on the Gaussian bulk (the outliers left out): per-tensor by format, and per scheme."""
+    x, plain = gaussian(1, outliers=outliers), gaussian(1)
+    bulk = x == plain
+
+    def error(y: np.ndarray) -> float:
+        return float(np.linalg.norm((y - x)[bulk]) / np.linalg.norm(x[bulk]))
+
+    per = {f.name: error(per_tensor(x, f)) for f in (E4M3, E5M2, E2M1)}
+    blocks = {s: error(quantize(x, s).dequantize()) for s in SCHEMES} | {
+        "mxfp8_e4m3 up": error(quantize(x, "mxfp8_e4m3", "up").dequantize())
+    }
+    return per, blocks
+
+
+def test_blocks_beat_a_per_tensor_scale_once_an_outlier_outruns_the_formats_range(capsys) -> None:
+    table = {outliers: bulk_errors(outliers) for outliers in (0.0, 100.0, 1e5)}
+    with capsys.disabled():
+        for outliers, (per, blocks) in table.items():
+            print(f"\noutliers x{outliers:g}: per-tensor", {k: round(v, 4) for k, v in per.items()},
+                  "blocks", {k: round(v, 4) for k, v in blocks.items()}, end="")  # fmt: skip
+    for per, blocks in table.values():  # FP4 spans 2^-1 to 6: one scale per tensor always loses, outliers or not
+        assert blocks["nvfp4"] < per["E2M1"]
+    per, blocks = table[100.0]
+    assert per["E2M1"] == 1.0  # every bulk value flushed to zero
+    assert per["E4M3"] < 1.01 * table[0.0][0]["E4M3"]  # E4M3's range, 2^-9 to 448, absorbs a 100x outlier ...
+    assert per["E4M3"] < blocks["mxfp8_e4m3"]  # ... and the OCP floor rule's clipping makes MXFP8 the worse
+    assert blocks["mxfp8_e4m3 up"] < blocks["mxfp8_e4m3"]  # rounding the scale up repairs it
+    per, blocks = table[1e5]  # the bulk now lies in E4M3's subnormals under one scale
+    assert per["E4M3"] > 5 * max(blocks["mxfp8_e4m3"], blocks["deepseek_1x128"], blocks["mxfp8_e4m3 up"])
+    assert blocks["deepseek_128x128"] < per["E4M3"]  # 16384 values share an outlier's block: a smaller gain
+    assert blocks["deepseek_1x128"] < blocks["deepseek_128x128"]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: quantize(np.zeros((2, 48), np.float32), "mxfp8_e4m3"), ValueError, ["1x32", "(2, 48)", "pad"]),
+        (lambda: quantize(np.zeros((128, 100), np.float32), "deepseek_1x128"), ValueError, ["1x128", "(128, 100)"]),
+        (lambda: quantize(np.zeros((64, 128), np.float32), "deepseek_128x128"), ValueError, ["128x128", "(64, 128)"]),
+        (lambda: quantize(np.zeros((2, 128, 128), np.float32), "deepseek_128x128"), ValueError, ["2-D"]),
+        (lambda: quantize(np.float32(1), "nvfp4"), ValueError, ["shape ()"]),
+        (lambda: quantize(np.zeros(32, np.float32), "mxfp9"), ValueError, ["'mxfp9'", "mxfp8_e4m3"]),
+        (lambda: quantize(np.zeros(32, np.float32), "nvfp4", "up"), ValueError, ["unset"]),
+        (lambda: quantize(np.zeros(32, np.float32), "mxfp8_e4m3", "down"), ValueError, ["'floor' or 'up'"]),
+        (lambda: quantize(np.zeros(32), "mxfp8_e4m3"), TypeError, ["float64"]),
+        (lambda: quantize(np.r_[np.nan, np.zeros(31)].astype(np.float32), "mxfp8_e4m3"), ValueError, ["1 NaN"]),
+        (lambda: quantize(np.r_[np.inf, -np.inf, np.zeros(14)].astype(np.float32), "nvfp4"), ValueError, ["2 NaN"]),
+    ],
+)
+def test_bad_input_is_refused_with_one_sentence_naming_the_fix(call, error, words: list[str]) -> None:
+    with pytest.raises(error) as caught:
+        call()
+    assert all(w in str(caught.value) for w in words), str(caught.value)
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_a_tensor_of_zeros_stays_zero_and_leading_axes_fold_into_rows(scheme: str) -> None:
+    r, c = SCHEMES[scheme][1]
+    shape = (r * 2, c) if r > 1 else (3, 2, c)
+    q = quantize(np.zeros(shape, np.float16), scheme)
+    assert q.codes.shape == shape and q.codes.dtype == np.uint8 and q.scales.dtype == np.uint8
+    assert np.array_equal(q.dequantize(), np.zeros(shape, np.float32)) and q.dequantize().dtype == np.float32
+    assert q.tensor_scale == 1.0 and q.codes.nbytes == np.prod(shape)  # one byte a value
+
+
+def test_shared_exponents_of_zero_and_the_extremes_stay_in_e8m0() -> None:
+    amax = np.array([0.0, 2.0**-149, 1.0, 448.0, 449.0, float(np.finfo(np.float32).max)])
+    assert shared_exponents(amax, E4M3, "floor").tolist() == [-127, -127, -8, 0, 0, 119]
+    assert shared_exponents(amax, E4M3, "up").tolist() == [-127, -127, -8, 0, 1, 120]
+
+
+def test_rounding_up_sends_an_amax_within_3_percent_of_float32s_max_to_infinity() -> None:
+    edge = np.float32(248 * 2.0**120)  # e = 120 and 248 rounds (a tie, to even) to 256: 2^128
+    below = np.nextafter(edge, np.float32(0))
+    for rounding, amax, expected in [
+        ("up", edge, np.inf),
+        ("up", below, 240 * 2.0**120),
+        ("floor", edge, 448 * 2.0**119),
+    ]:
+        x = np.zeros(32, np.float32)
+        x[0] = amax
+        assert quantize(x, "mxfp8_e4m3", rounding).dequantize()[0] == expected
