@@ -370,9 +370,25 @@ def unscale_in_float16(optimizer: Any, scale: float) -> bool:
     return False
 
 
+def divide_by_the_scale(optimizer: Any, scale: float) -> bool:
+    """What "divide by S in FP32" would give: g / S, not g * float32(1/S) (they differ for S = 3)."""
+    for p in optimizer.params:
+        p.grad[...] = (p.grad.astype(np.float32) / np.float32(scale)).astype(p.grad.dtype)
+    if not all(np.isfinite(p.grad).all() for p in optimizer.params):
+        return True
+    optimizer.step()
+    return False
+
+
 @pytest.mark.parametrize(
     "wrong, match",
     [
+        (
+            divide_by_the_scale,
+            r"with scale 3 and finite scaled gradients.* after your step .*multiply by 1/scale in float32.*"
+            r"\(not by dividing by the scale: for a scale that is not a power of two, g / scale and g \* "
+            r"float32\(1/scale\) can be one ulp apart\)",
+        ),
         (step_even_after_an_overflow, r"with scale .* and an? (inf|NaN) in the scaled gradient of w\d.*: after your "),
         (zero_the_bad_values_and_step, r"an? (inf|NaN) in the scaled gradient .* an overflowed step must change no"),
         (check_for_inf_only, r"a NaN in the scaled gradient .* your step returned skipped=False"),

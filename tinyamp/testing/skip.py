@@ -8,9 +8,12 @@
 ``step_fn(optimizer, scale) -> skipped`` gets a tinyamp optimizer (SGD with momentum, or
 Adam) whose float16 and float32 parameters hold gradients multiplied by `scale` in their
 ``.grad``, after one or two earlier steps (so that momentum and moments are not zero).  It
-must unscale every gradient (multiply by 1/scale computed in float32 at least, rounded once
-into the gradient's dtype, as ``LossScaler.unscale_`` does), then call ``optimizer.step()``
-only when every unscaled gradient is finite, and return True when it skipped.
+must unscale every gradient (multiply by float32(1/scale), in float32 at least, rounded once
+into the gradient's dtype, as ``LossScaler.unscale_`` and PyTorch's ``GradScaler.unscale_``
+do), then call ``optimizer.step()`` only when every unscaled gradient is finite, and return
+True when it skipped.  Dividing by the scale instead agrees for a power of two (1/scale is
+exact) but not always otherwise: one scale checked is 3, where float32(5) / 3 and
+float32(5) * float32(1/3) are one ulp apart.
 
 The check: after an overflow (an inf or NaN in some gradient) no weight, no optimizer
 moment and not the step count changed, bit for bit; after a clean step everything equals
@@ -19,12 +22,13 @@ the reference (unscale, then ``optimizer.step()``), bit for bit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tinyamp import kernels
@@ -48,6 +52,7 @@ def check_skip(step_fn: Callable[[Any, float], Any], *, max_examples: int | None
 
     @check_settings(max_examples)
     @given(case=skip_cases())
+    @example(case=DIVIDED_BY_THREE)
     def overflow_changes_nothing(case: dict[str, Any]) -> None:
         yours, expected = _build(case), _build(case)
         with blamed(f"{situation(case)}, your step"):
@@ -71,9 +76,26 @@ def check_skip(step_fn: Callable[[Any, float], Any], *, max_examples: int | None
             raise AssertionError(
                 f"{situation(case)}: after your step {difference}: unscale every gradient (multiply by 1/scale in "
                 "float32, round once to its dtype), then call optimizer.step()"
+                + (
+                    " (not by dividing by the scale: for a scale that is not a power of two, g / scale and "
+                    "g * float32(1/scale) can be one ulp apart)"
+                    if not _power_of_two(case["scale"])
+                    else ""
+                )
             )
 
     overflow_changes_nothing()
+
+
+def _power_of_two(x: float) -> bool:
+    return math.frexp(x)[0] == 0.5
+
+
+# a clean step with scale 3 and a float32 gradient of 5 (scaled): 5 * float32(1/3) is 1.6666667, 5 / 3 is 1.6666666
+DIVIDED_BY_THREE: dict[str, Any] = dict(
+    weights=[np.array([1.0], np.float32)], grads=[np.array([0.5], np.float64)], scaled=[np.array([5.0], np.float32)],
+    scale=3.0, optimizer="SGD with momentum", earlier_steps=1,
+)  # fmt: skip
 
 
 @st.composite
