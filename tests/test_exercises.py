@@ -385,9 +385,9 @@ def divide_by_the_scale(optimizer: Any, scale: float) -> bool:
     [
         (
             divide_by_the_scale,
-            r"with scale 3 and finite scaled gradients.* after your step .*multiply by 1/scale in float32.*"
-            r"\(not by dividing by the scale: for a scale that is not a power of two, g / scale and g \* "
-            r"float32\(1/scale\) can be one ulp apart\)",
+            r"with scale \S+ and finite scaled gradients.* after your step .*multiply by 1/scale in float32.*"
+            r"\(not by dividing by the scale, as yours seems to: for a scale that is not a power of two, "
+            r"g / scale and g \* float32\(1/scale\) can be one ulp apart\)",
         ),
         (step_even_after_an_overflow, r"with scale .* and an? (inf|NaN) in the scaled gradient of w\d.*: after your "),
         (zero_the_bad_values_and_step, r"an? (inf|NaN) in the scaled gradient .* an overflowed step must change no"),
