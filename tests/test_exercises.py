@@ -136,7 +136,7 @@ def saturate_at_65504(x: np.ndarray) -> np.ndarray:
     [
         (round_ties_away_from_zero, r"x = 1\.00048828125 .* exactly halfway between the float16 neighbours 1 and "),
         (round_toward_zero, r"just above halfway between the float16 neighbours .*yours gives"),
-        (flush_subnormals, r"between the float16 neighbours 6\.09.*e-05 and 6\.10.*e-05, yours gives 0;"),
+        (flush_subnormals, r"between the float16 neighbours 6\.09.*e-05 and 2\^-14, yours gives 0;"),
         (
             saturate_at_65504,
             r"x = 65520 .* beyond the largest float16 value 65504 .* yours gives 65504; float16 rounds",
@@ -225,6 +225,30 @@ def lost_with_an_exact_sum(weight: float, update: float) -> bool:
 def test_ex4_1_grader_fails_wrong_lost_update_rules(wrong: Callable) -> None:
     _grade_wrong(
         "ex4_1", wrong, r"for weight = .* and update = .* yours says .*, expected .*: the float32 sum .* rounds"
+    )
+
+
+def an_update_of_0_is_lost(weight: float, update: float) -> bool:
+    """The rounding rule right, the "update is not 0" clause forgotten."""
+    return update == 0 or master_solutions.update_is_lost(weight, update)
+
+
+def test_ex4_1_grader_names_the_clause_an_update_of_0_misses() -> None:
+    _grade_wrong(
+        "ex4_1",
+        an_update_of_0_is_lost,
+        r"for weight = \S+ and update = 0 yours says True, expected False: an update of 0 is not a lost update "
+        r"\(the rule: True when the float32 sum, rounded to float16, gives the weight back "
+        r"\*and the update is not 0\*\)",
+    )
+
+
+def test_ex4_1_counterexamples_name_the_binade_and_its_ulp() -> None:
+    _grade_wrong(
+        "ex4_1",
+        lost_at_half_an_ulp_too,
+        r"yours says True, expected False: .*; the weight is in \[2\^-?\d+, 2\^-?\d+\), where float16's values are "
+        r"2\^-?\d+ apart\n",
     )
 
 
@@ -617,6 +641,11 @@ def stub_workspace(tmp_path: Path) -> Path:
          r"converts to float16 with NumPy \(line 4: astype\(float16\)\): Exercise 1.1 asks you"),
         ("formats", f"{NUMPY}def round_to_float16(x):\n    return np.array(x, dtype='float16')\n", "ex1_1",
          r"converts to float16 with NumPy \(line 4: dtype=float16\)"),
+        ("master_weights", f"{NUMPY}def update_is_lost(weight, update):\n    return update != 0 and "
+         "float(np.float16(np.float32(weight) + np.float32(update))) == weight\n", "ex4_1",
+         r"converts to float16 with NumPy \(line 4: float16\(\.\.\.\)\): Exercise 4.1 asks you to decide it with "
+         r"the gaps between float16 values, not by rounding \(w's last mantissa bit is the parity of the integer "
+         r"\|w\| / ulp\(w\)\)$"),
         ("checkpointing", "import tinyamp as ta\n\ndef checkpoint_segment(segment, x, params):\n"
          "    return ta.checkpoint(segment, x)\n", "ex7_1", r"uses tinyamp.checkpoint, tinyamp's own"),
         ("loss_scaling", "from tinyamp.amp import LossScaler as S\n\nclass DynamicLossScaler(S):\n    pass\n", "ex5_1",

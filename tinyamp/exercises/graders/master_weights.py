@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tinyamp.amp import formats
 from tinyamp.testing import check_master_step
-from tinyamp.testing.counterexamples import blamed, check_settings, number
+from tinyamp.testing.counterexamples import binade_in_words, blamed, check_settings, number
 from tinyamp.testing.master_step import reference_master_step
 from tinyamp.testing.strategies import format_values
 
@@ -60,17 +60,24 @@ def grade_update_is_lost(update_is_lost: Callable[[float, float], bool], example
         except Exception as exc:
             raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
         expected = formats.update_is_lost(weight, update, "float16")
+        yours = repr(bool(got)) if isinstance(got, np.bool_) else repr(got)  # True, not np.True_
+        if update == 0 and isinstance(got, (bool, np.bool_)) and bool(got):
+            raise AssertionError(
+                f"{about} yours says {yours}, expected False: an update of 0 is not a lost update (the rule: True "
+                "when the float32 sum, rounded to float16, gives the weight back *and the update is not 0*)"
+            )
         if not isinstance(got, (bool, np.bool_)) or bool(got) != expected:
             total = float(np.float32(weight) + np.float32(update))
             direction = 1.0 if update > 0 else -1.0
             rounded = float(formats.round_to(total, "float16"))
             tie = abs(total - weight) == half_gap(weight, direction)
             raise AssertionError(
-                f"{about} yours says {got!r}, expected {expected}: the float32 sum {number(total)} rounds to "
+                f"{about} yours says {yours}, expected {expected}: the float32 sum {number(total)} rounds to "
                 f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
                 f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; "
                 + ("the sum is exactly halfway: a tie, which goes to the even neighbour)" if tie else "a tie goes "
                    "to the even neighbour)")
+                + (f"; the weight is {binade_in_words(weight)}" if weight != 0 else "")
             )  # fmt: skip
 
     lost_exactly_when_rounding_gives_the_weight_back()
