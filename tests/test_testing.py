@@ -407,3 +407,25 @@ def test_same_examples_every_run_draws_one_sequence_and_with_on_false_each_run_d
         # random: two runs of 30 draws from 2e6 values coincide with negligible probability
         assert drawn() != drawn()
     assert check_settings(30).derandomize == settings.default.derandomize  # outside: the profile decides
+
+
+# ---- PyTorch's GradScaler through the shipped adapter ------------------------------------------------------------
+def test_check_scaler_passes_pytorchs_own_gradscaler_through_public_api() -> None:
+    pytest.importorskip("torch")
+    from tinyamp.testing.pytorch import GradScalerAdapter
+
+    check_scaler(GradScalerAdapter, "pytorch", max_examples=FEW, steps=12)
+
+
+def test_the_adapter_passes_the_overflow_on_and_refuses_a_floor() -> None:
+    pytest.importorskip("torch")
+    from tinyamp.testing.pytorch import GradScalerAdapter
+
+    class OverflowsLost(GradScalerAdapter):
+        def update(self, found_inf: bool) -> None:
+            super().update(False)
+
+    with pytest.raises(AssertionError, match=r"overflow.* your scale is .*, the pytorch rule says"):
+        check_scaler(OverflowsLost, "pytorch", max_examples=FEW, steps=12)
+    with pytest.raises(ValueError, match=r"PyTorch's GradScaler has no floor or ceiling \(min_scale=1.0"):
+        GradScalerAdapter(min_scale=1.0)
