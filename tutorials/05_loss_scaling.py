@@ -137,10 +137,11 @@ scaled = gradients_the_optimizer_sees(LossScaler(mode="static", init_scale=2.0**
 share_unscaled, share_scaled = underflow_share(unscaled), underflow_share(scaled)
 print(f"gradient values lost to underflow, S = 1:     {share_unscaled:7.2%}")
 print(f"gradient values lost to underflow, S = 2^16:  {share_scaled:7.2%}")
+print(f"S = 2^16 loses {share_unscaled / share_scaled:.0f} times fewer")
 
-# Scaling must cut the underflow at least fourfold (the printout shows by how much).
+# Scaling cuts the underflow about 25-fold here (24.9 measured); the syllabus quotes "about 25 times".
 assert share_unscaled > 0.01, share_unscaled
-assert share_scaled < share_unscaled / 4, (share_scaled, share_unscaled)
+assert 20 < share_unscaled / share_scaled < 30, (share_scaled, share_unscaled)
 
 # %% [markdown]
 # The histogram below shows why one multiplication suffices. Multiplying by $2^{16}$ adds 16
