@@ -317,8 +317,11 @@ assert len(static.history) == 3 and static.state == "static"
 # | event | new scale | growth tracker |
 # |---|---|---|
 # | a gradient was inf or NaN | $S \cdot$ `backoff_factor` (0.5), not below `min_scale` | 0 |
-# | clean, and the tracker reaches `growth_interval` | $S \cdot$ `growth_factor` (2), not above `max_scale` | 0 |
+# | clean, and $t + 1$ reaches `growth_interval` | $S \cdot$ `growth_factor` (2), not above `max_scale` | 0 |
 # | clean otherwise | $S$ | $t + 1$ |
+#
+# The tracker $t$ counts the clean steps before this one: a clean step adds 1 first, then
+# compares with `growth_interval`, so with `growth_interval` 3 the third clean step grows the scale.
 #
 # `update(found_inf)` applies one transition without a model, which lets us drive the
 # machine by hand. We use small numbers so the whole cycle fits on a screen: a start at
