@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tinyamp as ta
+from tinyamp import cli
 from tinyamp.amp.training_state import read_checkpoint
 from tinyamp.cli import main
 from tinyamp.experiments import figures
@@ -65,6 +66,46 @@ def test_info_prints_versions_formats_policy_and_presets(capsys: pytest.CaptureF
     out = capsys.readouterr().out
     for word in ("numpy", "gpu", "float16", "65504", "layer_norm", "pytorch", "chainer"):
         assert word in out, word
+
+
+def test_info_gives_an_install_hint_only_for_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    assert main(["info"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("matplotlib"))
+    assert "pip install" not in line and "(figures)" in line, line
+    monkeypatch.setattr(cli, "_version", lambda module: "not installed")
+    assert main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert next(x for x in lines if x.startswith("matplotlib")).endswith(f"(figures: {cli.install_hint('plots')})")
+    assert "pip install ml_dtypes, a dependency of tinyamp" in next(x for x in lines if x.startswith("ml_dtypes"))
+
+
+def test_install_hints_fit_a_source_checkout_and_a_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.install_hint("plots") == 'pip install -e ".[plots]"'  # the tests run from a checkout
+    (tmp_path / "tinyamp").mkdir()  # a wheel's copy: site-packages/tinyamp, no pyproject.toml beside it
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "tinyamp" / "cli.py"))
+    assert cli.install_hint("plots") == "pip install 'tinyamp[plots]'"
+
+
+def test_the_demo_says_why_its_bf16_row_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tinyamp.experiments import runner
+
+    monkeypatch.setattr(runner, "bfloat16_available", lambda: False)
+    assert main(["demo", "--quiet", "--steps", "2", "--transformer-steps", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "(no bf16-mixed row: ml_dtypes is not installed: pip install ml_dtypes, a dependency of tinyamp)" in out
+
+
+def test_ml_dtypes_is_a_dependency() -> None:
+    """The demo's BF16 row and the FP8 chapter need it; ``import tinyamp`` still does not load it
+    (tests/test_fp8_chapter.py checks that)."""
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    dependencies = next(line for line in text.splitlines() if line.startswith("dependencies = "))
+    assert '"ml_dtypes>=0.5"' in dependencies
 
 
 def test_python_dash_m_tinyamp_runs_the_command() -> None:

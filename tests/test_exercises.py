@@ -136,7 +136,7 @@ def saturate_at_65504(x: np.ndarray) -> np.ndarray:
     [
         (round_ties_away_from_zero, r"x = 1\.00048828125 .* exactly halfway between the float16 neighbours 1 and "),
         (round_toward_zero, r"just above halfway between the float16 neighbours .*yours gives"),
-        (flush_subnormals, r"between the float16 neighbours 6\.09.*e-05 and 6\.10.*e-05, yours gives 0;"),
+        (flush_subnormals, r"between the float16 neighbours 6\.09.*e-05 and 2\^-14, yours gives 0;"),
         (
             saturate_at_65504,
             r"x = 65520 .* beyond the largest float16 value 65504 .* yours gives 65504; float16 rounds",
@@ -225,6 +225,30 @@ def lost_with_an_exact_sum(weight: float, update: float) -> bool:
 def test_ex4_1_grader_fails_wrong_lost_update_rules(wrong: Callable) -> None:
     _grade_wrong(
         "ex4_1", wrong, r"for weight = .* and update = .* yours says .*, expected .*: the float32 sum .* rounds"
+    )
+
+
+def an_update_of_0_is_lost(weight: float, update: float) -> bool:
+    """The rounding rule right, the "update is not 0" clause forgotten."""
+    return update == 0 or master_solutions.update_is_lost(weight, update)
+
+
+def test_ex4_1_grader_names_the_clause_an_update_of_0_misses() -> None:
+    _grade_wrong(
+        "ex4_1",
+        an_update_of_0_is_lost,
+        r"for weight = \S+ and update = 0 yours says True, expected False: an update of 0 is not a lost update "
+        r"\(the rule: True when the float32 sum, rounded to float16, gives the weight back "
+        r"\*and the update is not 0\*\)",
+    )
+
+
+def test_ex4_1_counterexamples_name_the_binade_and_its_ulp() -> None:
+    _grade_wrong(
+        "ex4_1",
+        lost_at_half_an_ulp_too,
+        r"yours says True, expected False: .*; the weight is in \[2\^-?\d+, 2\^-?\d+\), where float16's values are "
+        r"2\^-?\d+ apart\n",
     )
 
 
@@ -370,9 +394,25 @@ def unscale_in_float16(optimizer: Any, scale: float) -> bool:
     return False
 
 
+def divide_by_the_scale(optimizer: Any, scale: float) -> bool:
+    """What "divide by S in FP32" would give: g / S, not g * float32(1/S) (they differ for S = 3)."""
+    for p in optimizer.params:
+        p.grad[...] = (p.grad.astype(np.float32) / np.float32(scale)).astype(p.grad.dtype)
+    if not all(np.isfinite(p.grad).all() for p in optimizer.params):
+        return True
+    optimizer.step()
+    return False
+
+
 @pytest.mark.parametrize(
     "wrong, match",
     [
+        (
+            divide_by_the_scale,
+            r"with scale \S+ and finite scaled gradients.* after your step .*multiply by 1/scale in float32.*"
+            r"\(not by dividing by the scale, as yours seems to: for a scale that is not a power of two, "
+            r"g / scale and g \* float32\(1/scale\) can be one ulp apart\)",
+        ),
         (step_even_after_an_overflow, r"with scale .* and an? (inf|NaN) in the scaled gradient of w\d.*: after your "),
         (zero_the_bad_values_and_step, r"an? (inf|NaN) in the scaled gradient .* an overflowed step must change no"),
         (check_for_inf_only, r"a NaN in the scaled gradient .* your step returned skipped=False"),
@@ -601,6 +641,11 @@ def stub_workspace(tmp_path: Path) -> Path:
          r"converts to float16 with NumPy \(line 4: astype\(float16\)\): Exercise 1.1 asks you"),
         ("formats", f"{NUMPY}def round_to_float16(x):\n    return np.array(x, dtype='float16')\n", "ex1_1",
          r"converts to float16 with NumPy \(line 4: dtype=float16\)"),
+        ("master_weights", f"{NUMPY}def update_is_lost(weight, update):\n    return update != 0 and "
+         "float(np.float16(np.float32(weight) + np.float32(update))) == weight\n", "ex4_1",
+         r"converts to float16 with NumPy \(line 4: float16\(\.\.\.\)\): Exercise 4.1 asks you to decide it with "
+         r"the gaps between float16 values, not by rounding \(w's last mantissa bit is the parity of the integer "
+         r"\|w\| / ulp\(w\)\)$"),
         ("checkpointing", "import tinyamp as ta\n\ndef checkpoint_segment(segment, x, params):\n"
          "    return ta.checkpoint(segment, x)\n", "ex7_1", r"uses tinyamp.checkpoint, tinyamp's own"),
         ("loss_scaling", "from tinyamp.amp import LossScaler as S\n\nclass DynamicLossScaler(S):\n    pass\n", "ex5_1",

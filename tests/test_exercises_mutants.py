@@ -447,7 +447,8 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "a loop that stops one parameter early",
         "for p in optimizer.params:",
         "for p in optimizer.params[:-1]:",
-        r"(an inf|a NaN) in the scaled gradient of w\d.* skipped=False, but an unscaled",
+        r"after your step the (weight|optimizer's \S+ of) w\d.*: unscale every gradient \(multiply by 1/scale in "
+        r"float32, round once to its dtype\), then call optimizer.step\(\) \(skip_or_step",
     ),
     (
         "ex5_2",

@@ -24,7 +24,7 @@ from tinyamp.function import Function
 from tinyamp.optim import SGD
 from tinyamp.rounding import round_to_float16
 from tinyamp.testing import check_backward, check_master_step, check_rounding, check_scaler, check_skip, strategies
-from tinyamp.testing.counterexamples import flags_in_words, number
+from tinyamp.testing.counterexamples import binade_in_words, flags_in_words, number
 from tinyamp.testing.rounding import every_rounding_case
 from tinyamp.testing.skip import reference_step
 
@@ -131,6 +131,20 @@ def test_flags_and_numbers_in_words() -> None:
     assert [number(x) for x in (2048.0, 0.5, 2.0**-149, 2.0**127, -0.0, math.inf, math.nan, 0.1)] == [
         "2048", "0.5", "2^-149", "2^127", "-0", "inf", "nan", "0.1",
     ]  # fmt: skip
+    # powers of two in the student's units: float16's smallest normal and its ulps, not 6.103515625e-05
+    assert [number(x) for x in (2.0**-14, -(2.0**-24), 2.0**-4, 0.125, 2.0**24, 2.0**25)] == [
+        "2^-14", "-2^-24", "2^-4", "0.125", "16777216", "2^25",
+    ]  # fmt: skip
+
+
+def test_binades_in_words() -> None:
+    assert binade_in_words(-65504.0) == "in [2^15, 2^16), where float16's values are 2^5 apart"
+    assert binade_in_words(1.0) == "in [2^0, 2^1), where float16's values are 2^-10 apart"
+    assert binade_in_words(2.0**-14) == "in [2^-14, 2^-13), where float16's values are 2^-24 apart"
+    assert binade_in_words(3 * 2.0**-24) == "a subnormal (below 2^-14), where float16's values are 2^-24 apart"
+    assert binade_in_words(1.0, significand_bits=8, min_normal_exponent=-126) == (
+        "in [2^0, 2^1), where bfloat16's values are 2^-7 apart"
+    )
 
 
 # ---- check_scaler ------------------------------------------------------------------------------------------------
@@ -393,3 +407,25 @@ def test_same_examples_every_run_draws_one_sequence_and_with_on_false_each_run_d
         # random: two runs of 30 draws from 2e6 values coincide with negligible probability
         assert drawn() != drawn()
     assert check_settings(30).derandomize == settings.default.derandomize  # outside: the profile decides
+
+
+# ---- PyTorch's GradScaler through the shipped adapter ------------------------------------------------------------
+def test_check_scaler_passes_pytorchs_own_gradscaler_through_public_api() -> None:
+    pytest.importorskip("torch")
+    from tinyamp.testing.pytorch import GradScalerAdapter
+
+    check_scaler(GradScalerAdapter, "pytorch", max_examples=FEW, steps=12)
+
+
+def test_the_adapter_passes_the_overflow_on_and_refuses_a_floor() -> None:
+    pytest.importorskip("torch")
+    from tinyamp.testing.pytorch import GradScalerAdapter
+
+    class OverflowsLost(GradScalerAdapter):
+        def update(self, found_inf: bool) -> None:
+            super().update(False)
+
+    with pytest.raises(AssertionError, match=r"overflow.* your scale is .*, the pytorch rule says"):
+        check_scaler(OverflowsLost, "pytorch", max_examples=FEW, steps=12)
+    with pytest.raises(ValueError, match=r"PyTorch's GradScaler has no floor or ceiling \(min_scale=1.0"):
+        GradScalerAdapter(min_scale=1.0)

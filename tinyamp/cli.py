@@ -67,6 +67,21 @@ class UsageError(Exception):
 
 
 # ---- tinyamp info --------------------------------------------------------------------------------
+def install_hint(extras: str) -> str:
+    """The pip line that adds tinyamp's optional `extras` ("plots", "cuda12"), in the form that fits this copy.
+
+    A source checkout (run from it, or installed with ``pip install -e .``) has its
+    pyproject.toml beside the package and needs ``pip install -e ".[plots]"``; an installed
+    wheel has none, and ``pip install 'tinyamp[plots]'`` is what adds the extra to it.
+    """
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        checkout = 'name = "tinyamp"' in pyproject.read_text(encoding="utf-8")
+    except OSError:
+        checkout = False
+    return f'pip install -e ".[{extras}]"' if checkout else f"pip install 'tinyamp[{extras}]'"
+
+
 def _version(module: str) -> str:
     try:
         return __import__(module).__version__
@@ -93,15 +108,19 @@ def info() -> int:
     else:
         why = casts.why_not_compiled()
         print(f"numba       not in use: {why} (casts run as NumPy passes; benchmarks/cast_speed.py times both)")
-    print(f"ml_dtypes   {_version('ml_dtypes')}   (bfloat16 and float8 on NumPy)")
+    ml_dtypes = _version("ml_dtypes")
+    missing = ": pip install ml_dtypes, a dependency of tinyamp" if ml_dtypes == "not installed" else ""
+    print(f"ml_dtypes   {ml_dtypes}   (bfloat16 and float8 on NumPy{missing})")
     print(f"tqdm        {_version('tqdm')}   (progress bars)")
-    print(f"matplotlib  {_version('matplotlib')}   (figures: pip install 'tinyamp[plots]')")
+    matplotlib = _version("matplotlib")
+    hint = f": {install_hint('plots')}" if matplotlib == "not installed" else ""
+    print(f"matplotlib  {matplotlib}   (figures{hint})")
     try:
         import cupy
 
         print(f"cupy        {cupy.__version__}   (backend for device='cuda')")
     except ImportError:
-        print("cupy        not installed (pip install 'tinyamp[cuda12]' for an NVIDIA GPU)")
+        print(f"cupy        not installed ({install_hint('cuda12')} for an NVIDIA GPU)")
     if backend.cuda_is_available():
         import cupy
 
@@ -186,7 +205,7 @@ def _write_outputs(
         if figures.matplotlib_available():
             written += [p.name for p in figures.write_figures(document, folder)]
         else:
-            print("figures skipped: matplotlib is not installed (pip install 'tinyamp[plots]')")
+            print(f"figures skipped: matplotlib is not installed ({install_hint('plots')})")
         return written
 
     written = out.write(fill, manifest)
@@ -219,6 +238,10 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     )
     for name in regimes:
         print(f"  {name:<12} {REGIMES[name].summary}")
+    if "bf16-mixed" not in regimes:
+        why = "tinyamp's GPU code is FP16 only" if args.device != "cpu" else "ml_dtypes is not installed"
+        fix = "" if args.device != "cpu" else ": pip install ml_dtypes, a dependency of tinyamp"
+        print(f"  (no bf16-mixed row: {why}{fix})")
     with np.errstate(all="ignore"):  # an overflow is a skipped step in the table, not a NumPy warning
         mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress, memory=True)
     print()

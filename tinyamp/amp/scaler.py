@@ -190,12 +190,12 @@ class LossScaler:
         return loss * self._scale
 
     def unscale_(self, optimizer: Any) -> dict[str, bool]:
-        """Divide, in place, the gradients ``optimizer.step()`` will read by the scale; report non-finite ones.
+        """Unscale, in place, the gradients ``optimizer.step()`` will read; report non-finite ones.
 
-        Returns ``{parameter name: True if its gradient holds an inf or NaN}`` for every
-        parameter with a gradient.  Each gradient is multiplied by 1/S in float32 at least and
-        rounded once into its own dtype.  FP32 master weights gather (widen) their gradients
-        first, so they are unscaled in float32.  Once per step, after backward, before clipping.
+        Returns ``{parameter name: True if its gradient holds an inf or NaN}``.  Each gradient is multiplied
+        by float32(1/S), as PyTorch's ``unscale_`` does (``scale.double().reciprocal().float()``): g / S for S
+        a power of two, maybe an ulp from it otherwise (S = 3).  In float32 at least, rounded once into the
+        gradient's dtype; FP32 masters gather (widen) their gradients first.  Once per step, before clipping.
         """
         params, names = scaler_checks.optimizer_params(optimizer)
         self._check_can_unscale()
@@ -207,7 +207,7 @@ class LossScaler:
                 f"no parameter of the optimizer has a gradient at step {self._step_count}: call .backward() "
                 "on the scaled loss before unscale_ or step"
             )
-        inverse = 1.0 / self._scale  # exact when the scale is a power of two
+        inverse = 1.0 / self._scale  # exact for a power of two; multiply_ rounds it to float32
         sums = backend.host_floats([kernels.multiply_(g, inverse) for _, g in present])  # one read per device
         # The check: an inf or NaN makes its sum of squares inf or NaN.  (A float64 gradient's
         # square can overflow from a finite value above 1e154: that sum is checked element-wise.)

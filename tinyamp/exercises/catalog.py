@@ -28,6 +28,7 @@ class Exercise:
     examples: int  # hypothesis examples per property in a normal check; --deep runs DEEP times as many
     forbidden: tuple[str, ...] = ()  # tinyamp's own implementations of the mechanism, which the stub must not use
     no_float16_casts: bool = False  # the point is to round by hand: no astype(float16), np.float16(x), dtype=float16
+    by_hand: str = "do the rounding yourself (build the bits and .view(np.float16) them)"  # what to do instead
     points: int = 1  # what passing it is worth in --json and --format gradescope (failed or not started: 0)
 
     @property
@@ -74,7 +75,9 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex4_1", "4.1", "is an update lost? both directions", "master_weights", "update_is_lost",
              "grade_update_is_lost", f"{T1}, section 5; {T4}, section 1 (The 2048x rule, exactly)", 400,
              ("tinyamp.amp.lost_updates", "tinyamp.amp.formats", "tinyamp.kernels"),
-             no_float16_casts=True),
+             no_float16_casts=True,
+             by_hand="decide it with the gaps between float16 values, not by rounding (w's last mantissa bit is the "
+                     "parity of the integer |w| / ulp(w))"),
     Exercise("ex4_2", "4.2", "the master-weight step, lost updates counted", "master_weights", "master_step",
              "grade_master_step", f"{T4}, sections 2 and 3 (Master weights on one weight, on the MLP)", 100,
              ("tinyamp.amp", "tinyamp.optim", "tinyamp.kernels")),
@@ -82,7 +85,8 @@ EXERCISES: tuple[Exercise, ...] = (
              "grade_dynamic_loss_scaler", f"{T5}, sections 3 and 5 (The dynamic scaler; The published rules)", 60,
              ("tinyamp.amp",)),
     Exercise("ex5_2", "5.2", "the overflow-skipping step", "loss_scaling", "skip_or_step", "grade_skip_or_step",
-             f"{T5}, sections 2 and 4 (Static loss scaling; A real run: the sawtooth)", 100,
+             f"{T5}, sections 1 (its paragraph on unscaling), 2 and 4 (Static loss scaling; A real run)",
+             100,
              ("tinyamp.amp", "tinyamp.kernels")),
     Exercise("ex5_3", "5.3", "the exactness law: unscale(scale(g)) == g", "loss_scaling", "scaling_is_exact",
              "grade_scaling_is_exact", f"{T5}, section 1 (Gradients that FP16 cannot hold)", 200, ("tinyamp.amp",)),

@@ -168,7 +168,9 @@ def check(args: argparse.Namespace) -> int:
     try:
         import hypothesis  # noqa: F401  (every grader is a hypothesis property)
     except ImportError:
-        raise UsageError("grading needs hypothesis: pip install hypothesis (or pip install 'tinyamp[test]')") from None
+        from tinyamp.cli import install_hint
+
+        raise UsageError(f"grading needs hypothesis: pip install hypothesis (or {install_hint('exercises')})") from None
     limits = Limits(seconds, int(memory * 2**30))
     from tinyamp.exercises.isolation import CopyError
 

@@ -203,7 +203,7 @@ def load(exercise: Exercise, workspace: Path) -> Any:
         if cast:
             raise NotTheirs(
                 f"{exercise.name} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
-                "do the rounding yourself (build the bits and .view(np.float16) them)"
+                f"{exercise.by_hand}"
             )
     return graded
 

@@ -10,7 +10,8 @@ rounding) as the reference; a failure raises AssertionError with the shortest
 counterexample hypothesis finds, in words: "after 3 clean steps and 1 overflow your
 scale is 2048, the pytorch rule says 1024".
 
-* ``check_scaler(make_scaler, reference=...)``: a loss-scale rule, step by step, against a preset;
+* ``check_scaler(make_scaler, reference=...)``: a loss-scale rule, step by step, against a preset
+  (PyTorch's own ``torch.amp.GradScaler`` through ``tinyamp.testing.pytorch.GradScalerAdapter``);
 * ``check_rounding(fn, fmt)``: float32 -> FP16 or BF16, bit for bit, on every FP16 pattern and more;
 * ``check_backward(fn)``: a backward against float64 finite differences on drawn shapes;
 * ``check_skip(step_fn)``: an overflowed step changes no weight and no optimizer moment;

@@ -63,7 +63,11 @@ def check_settings(max_examples: int | None = None, **overrides: Any) -> setting
 
 
 def number(x: Any) -> str:
-    """A float as a student reads it: 2048, 0.5, 2^-149, inf; exact (repr) otherwise."""
+    """A float as a student reads it: 2048, 0.5, 2^-14, 2^-149, inf; exact (repr) otherwise.
+
+    A power of two is written 2^k (as the tutorials write the formats' limits and ulps)
+    unless it is one of 0.125 ... 2^24, which read as well in decimal.
+    """
     x = float(x)
     if math.isnan(x):
         return "nan"
@@ -71,11 +75,23 @@ def number(x: Any) -> str:
         return ("-" if math.copysign(1.0, x) < 0 else "") + ("inf" if math.isinf(x) else "0")
     mantissa, exponent = math.frexp(abs(x))
     sign = "-" if x < 0 else ""
-    if mantissa == 0.5 and not -16 <= exponent - 1 <= 24:
+    if mantissa == 0.5 and not -3 <= exponent - 1 <= 24:
         return f"{sign}2^{exponent - 1}"
     if x.is_integer() and abs(x) < 2**53:
         return str(int(x))
     return repr(x)
+
+
+def binade_in_words(x: Any, significand_bits: int = 11, min_normal_exponent: int = -14) -> str:
+    """Where a nonzero finite value sits on its format's grid (float16 by default), with the ulp there:
+    "in [2^15, 2^16), where float16's values are 2^5 apart"; "a subnormal (below 2^-14), ... 2^-24 apart"."""
+    name = {11: "float16", 8: "bfloat16", 24: "float32"}.get(significand_bits, "the format")
+    x = abs(float(x))
+    k = math.frexp(x)[1] - 1
+    if k < min_normal_exponent:
+        ulp = min_normal_exponent - significand_bits + 1
+        return f"a subnormal (below 2^{min_normal_exponent}), where {name}'s values are 2^{ulp} apart"
+    return f"in [2^{k}, 2^{k + 1}), where {name}'s values are 2^{k - significand_bits + 1} apart"
 
 
 def flags_in_words(flags: list[bool]) -> str:

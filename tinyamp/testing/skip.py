@@ -8,9 +8,12 @@
 ``step_fn(optimizer, scale) -> skipped`` gets a tinyamp optimizer (SGD with momentum, or
 Adam) whose float16 and float32 parameters hold gradients multiplied by `scale` in their
 ``.grad``, after one or two earlier steps (so that momentum and moments are not zero).  It
-must unscale every gradient (multiply by 1/scale computed in float32 at least, rounded once
-into the gradient's dtype, as ``LossScaler.unscale_`` does), then call ``optimizer.step()``
-only when every unscaled gradient is finite, and return True when it skipped.
+must unscale every gradient (multiply by float32(1/scale), in float32 at least, rounded once
+into the gradient's dtype, as ``LossScaler.unscale_`` and PyTorch's ``GradScaler.unscale_``
+do), then call ``optimizer.step()`` only when every unscaled gradient is finite, and return
+True when it skipped.  Dividing by the scale instead agrees for a power of two (1/scale is
+exact) but not always otherwise: one scale checked is 3, where float32(5) / 3 and
+float32(5) * float32(1/3) are one ulp apart.
 
 The check: after an overflow (an inf or NaN in some gradient) no weight, no optimizer
 moment and not the step count changed, bit for bit; after a clean step everything equals
@@ -49,31 +52,52 @@ def check_skip(step_fn: Callable[[Any, float], Any], *, max_examples: int | None
     @check_settings(max_examples)
     @given(case=skip_cases())
     def overflow_changes_nothing(case: dict[str, Any]) -> None:
-        yours, expected = _build(case), _build(case)
-        with blamed(f"{situation(case)}, your step"):
-            skipped = step_fn(yours, case["scale"])
-        overflow = reference_step(expected, case["scale"])
-        if not isinstance(skipped, (bool, np.bool_)):
-            raise AssertionError(f"{situation(case)}: return True when you skip the step, False when you take it; "
-                                 f"yours returned {skipped!r}")  # fmt: skip
-        if bool(skipped) != overflow:
-            raise AssertionError(
-                f"{situation(case)}: your step returned skipped={bool(skipped)}, but "
-                f"{'an unscaled gradient is not finite' if overflow else 'every gradient is finite'}"
-            )
-        difference = first_difference(yours, expected)
-        if difference and overflow:
-            raise AssertionError(
-                f"{situation(case)}: after your step {difference} (as before it): an overflowed step must change no "
-                "weight and no optimizer moment"
-            )
-        if difference:
-            raise AssertionError(
-                f"{situation(case)}: after your step {difference}: unscale every gradient (multiply by 1/scale in "
-                "float32, round once to its dtype), then call optimizer.step()"
-            )
+        check_one_step(step_fn, case)
 
     overflow_changes_nothing()
+    check_one_step(step_fn, DIVIDED_BY_THREE)  # after the drawn cases, so that their messages come first
+
+
+def check_one_step(step_fn: Callable[[Any, float], Any], case: dict[str, Any]) -> None:
+    """One case of check_skip: AssertionError in words unless `step_fn` does what reference_step does."""
+    yours, expected = _build(case), _build(case)
+    with blamed(f"{situation(case)}, your step"):
+        skipped = step_fn(yours, case["scale"])
+    overflow = reference_step(expected, case["scale"])
+    if not isinstance(skipped, (bool, np.bool_)):
+        raise AssertionError(f"{situation(case)}: return True when you skip the step, False when you take it; "
+                             f"yours returned {skipped!r}")  # fmt: skip
+    if bool(skipped) != overflow:
+        raise AssertionError(
+            f"{situation(case)}: your step returned skipped={bool(skipped)}, but "
+            f"{'an unscaled gradient is not finite' if overflow else 'every gradient is finite'}"
+        )
+    difference = first_difference(yours, expected)
+    if difference and overflow:
+        raise AssertionError(
+            f"{situation(case)}: after your step {difference} (as before it): an overflowed step must change no "
+            "weight and no optimizer moment"
+        )
+    if difference:
+        divided = _build(case)
+        reference_step(divided, case["scale"], divide=True)
+        raise AssertionError(
+            f"{situation(case)}: after your step {difference}: unscale every gradient (multiply by 1/scale in "
+            "float32, round once to its dtype), then call optimizer.step()"
+            + (
+                " (not by dividing by the scale, as yours seems to: for a scale that is not a power of two, "
+                "g / scale and g * float32(1/scale) can be one ulp apart)"
+                if not first_difference(yours, divided)
+                else ""
+            )
+        )
+
+
+# a clean step with scale 3 and a float32 gradient of 5 (scaled): 5 * float32(1/3) is 1.6666667, 5 / 3 is 1.6666666
+DIVIDED_BY_THREE: dict[str, Any] = dict(
+    weights=[np.array([1.0], np.float32)], grads=[np.array([0.5], np.float64)], scaled=[np.array([5.0], np.float32)],
+    scale=3.0, optimizer="SGD with momentum", earlier_steps=1,
+)  # fmt: skip
 
 
 @st.composite
@@ -117,11 +141,16 @@ def _build(case: dict[str, Any]) -> Any:
     return optimizer
 
 
-def reference_step(optimizer: Any, scale: float) -> bool:
-    """Unscale as LossScaler does, step only if every gradient is finite; True when it skipped."""
+def reference_step(optimizer: Any, scale: float, divide: bool = False) -> bool:
+    """Unscale as LossScaler does, step only if every gradient is finite; True when it skipped.
+    (With `divide`, the common mistake instead: g / scale in float32, rounded once into g's dtype.)"""
     finite = True
     for p in optimizer.params:
-        kernels.multiply_(p.grad, 1.0 / scale)  # in float32 at least, rounded once into the gradient's dtype
+        if divide:
+            with np.errstate(over="ignore", invalid="ignore"):
+                p.grad[...] = (p.grad.astype(np.float32) / np.float32(scale)).astype(p.grad.dtype)
+        else:
+            kernels.multiply_(p.grad, 1.0 / scale)  # in float32 at least, rounded once into the gradient's dtype
         finite = finite and bool(np.isfinite(p.grad).all())
     if finite:
         optimizer.step()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tinyamp.amp import formats
 from tinyamp.testing import check_master_step
-from tinyamp.testing.counterexamples import blamed, check_settings, number
+from tinyamp.testing.counterexamples import binade_in_words, blamed, check_settings, number
 from tinyamp.testing.master_step import reference_master_step
 from tinyamp.testing.strategies import format_values
 
@@ -51,29 +51,47 @@ def grade_update_is_lost(update_is_lost: Callable[[float, float], bool], example
     @check_settings(examples)
     @given(case=weights_and_updates())
     def lost_exactly_when_rounding_gives_the_weight_back(case: tuple[float, float]) -> None:
-        weight, update = case
-        about = f"for weight = {number(weight)} and update = {number(update)}"
-        try:
-            got = update_is_lost(weight, update)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
-        expected = formats.update_is_lost(weight, update, "float16")
-        if not isinstance(got, (bool, np.bool_)) or bool(got) != expected:
-            total = float(np.float32(weight) + np.float32(update))
-            direction = 1.0 if update > 0 else -1.0
-            rounded = float(formats.round_to(total, "float16"))
-            tie = abs(total - weight) == half_gap(weight, direction)
-            raise AssertionError(
-                f"{about} yours says {got!r}, expected {expected}: the float32 sum {number(total)} rounds to "
-                f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
-                f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; "
-                + ("the sum is exactly halfway: a tie, which goes to the even neighbour)" if tie else "a tie goes "
-                   "to the even neighbour)")
-            )  # fmt: skip
+        check_one_update(update_is_lost, *case)
 
     lost_exactly_when_rounding_gives_the_weight_back()
+    for weight, update in WORKED_CASES:  # after the drawn cases, so that their (simplest) messages come first
+        check_one_update(update_is_lost, weight, update)
+
+
+# the docstring's worked example (1 loses +2^-11, not -2^-11: the gap below a power of two is half) and
+# 2^-14, the smallest normal, which has a full gap below it: -2^-25 is a tie there, and 1024 * 2^-24 is even
+WORKED_CASES = ((1.0, 2.0**-11), (1.0, -(2.0**-11)), (2.0**-14, -(2.0**-25)), (-(2.0**-14), 2.0**-25))
+
+
+def check_one_update(update_is_lost: Callable[[float, float], bool], weight: float, update: float) -> None:
+    """AssertionError in words unless update_is_lost(weight, update) is what float16 rounding says."""
+    about = f"for weight = {number(weight)} and update = {number(update)}"
+    try:
+        got = update_is_lost(weight, update)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{about} yours raised {type(exc).__name__}: {exc}") from exc
+    expected = formats.update_is_lost(weight, update, "float16")
+    yours = repr(bool(got)) if isinstance(got, np.bool_) else repr(got)  # True, not np.True_
+    if update == 0 and isinstance(got, (bool, np.bool_)) and bool(got):
+        raise AssertionError(
+            f"{about} yours says {yours}, expected False: an update of 0 is not a lost update (the rule: True "
+            "when the float32 sum, rounded to float16, gives the weight back *and the update is not 0*)"
+        )
+    if not isinstance(got, (bool, np.bool_)) or bool(got) != expected:
+        total = float(np.float32(weight) + np.float32(update))
+        direction = 1.0 if update > 0 else -1.0
+        rounded = float(formats.round_to(total, "float16"))
+        tie = abs(total - weight) == half_gap(weight, direction)
+        raise AssertionError(
+            f"{about} yours says {yours}, expected {expected}: the float32 sum {number(total)} rounds to "
+            f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
+            f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; "
+            + ("the sum is exactly halfway: a tie, which goes to the even neighbour)" if tie else "a tie goes "
+               "to the even neighbour)")
+            + (f"; the weight is {binade_in_words(weight)}" if weight != 0 else "")
+        )  # fmt: skip
 
 
 # a step whose float32 arithmetic shows: float32(1e-4) * 1.5 rounds to 1.4999999e-4 in float32, while the

@@ -82,14 +82,18 @@ def skip_or_step(optimizer: Any, scale: float) -> bool:
     step was skipped.  A skipped step must change no weight, no optimizer moment, and not
     ``optimizer.step_count``.
 
-    Math: multiply by 1/scale in float32 (for a float16 gradient: widen to float32, multiply,
-    round once back to float16), as ``LossScaler.unscale_`` does; 1/scale in float16 is
-    inexact for most scales, and 0 from a scale of 2^25 on.  An inf or NaN in any gradient means the
-    scale was too large for this step: the update would write inf or NaN into the weights
-    and the moments, so it is not taken at all.
+    Math: multiply by float32(1/scale), 1/scale computed in float64 and rounded once to
+    float32 (for a float16 gradient: widen to float32, multiply, round once back to float16),
+    as ``LossScaler.unscale_`` and PyTorch's ``GradScaler.unscale_`` do (``inv_scale =
+    scale.double().reciprocal().float()``).  Do not divide by scale: for a power of two the
+    two agree (1/scale is exact), but the grader also uses scale = 3, where float32(5) / 3
+    is 1.6666666 and float32(5) * float32(1/3) is 1.6666667, one ulp apart.  1/scale in
+    float16 is inexact for most scales, and 0 from a scale of 2^25 on.  An inf or NaN in any
+    gradient means the scale was too large for this step: the update would write inf or NaN
+    into the weights and the moments, so it is not taken at all.
 
-    Read: tutorials/05_loss_scaling.py, sections 2 (static loss scaling, and the skip) and 4
-    (a real run: the sawtooth).
+    Read: tutorials/05_loss_scaling.py, sections 1 (the paragraph on unscaling), 2 (static
+    loss scaling, and the skip) and 4 (a real run: the sawtooth).
     """
     inverse = np.float32(1.0 / scale)
     finite = True
