@@ -19,19 +19,8 @@ from typing import Any
 import numpy as np
 from gpu_device import CpuClock, TorchClock, measure
 from gpu_report import Section, mib, ms, times
-from gpu_sections import Context, Skip
-from gpu_training import LR
-
-
-def _torch(ctx: Context) -> tuple[Any, bool]:
-    try:
-        import torch
-    except ImportError as exc:
-        raise Skip("PyTorch is not importable here") from exc
-    cuda = ctx.dev.name == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise Skip("PyTorch sees no CUDA GPU")
-    return torch, cuda
+from gpu_sections import Context
+from gpu_training import LR, import_torch
 
 
 def twin_transformer(torch: Any, vocab: int, block: int, dim: int, heads: int, layers: int) -> Any:
@@ -72,7 +61,7 @@ def twin_transformer(torch: Any, vocab: int, block: int, dim: int, heads: int, l
 
 def torch_transformer(ctx: Context, sec: Section) -> None:
     """PyTorch on section 4's transformer shape: FP32 (no TF32) against AMP, time and peak memory."""
-    torch, cuda = _torch(ctx)
+    torch, cuda = import_torch(ctx)
     c = ctx.cfg.transformer
     device = "cuda" if cuda else "cpu"
     amp_dtype = torch.float16 if cuda else torch.bfloat16
@@ -144,7 +133,7 @@ def _torch_peak(torch: Any, step: Any) -> int:
 
 def torch_tiny(ctx: Context, sec: Section) -> None:
     """PyTorch AMP on section 5's tiny MLP: the host time per step, beside tinyamp's."""
-    torch, cuda = _torch(ctx)
+    torch, cuda = import_torch(ctx)
     cfg = ctx.cfg
     device = "cuda" if cuda else "cpu"
     amp_dtype = torch.float16 if cuda else torch.bfloat16

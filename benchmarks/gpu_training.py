@@ -251,9 +251,8 @@ def _wall_per_step(dev: Any, step: Callable[[], None], cfg: Config) -> float:
     return (time.perf_counter() - h0) / calls
 
 
-# ---- 7. PyTorch AMP on the same MLP (last: its allocator must not disturb CuPy's measurements) --------------
-def torch_amp(ctx: Context, sec: Section) -> None:
-    """PyTorch's AMP step (autocast + GradScaler, same MLP, data and SGD) against tinyamp's mixed step."""
+def import_torch(ctx: Context) -> tuple[Any, bool]:
+    """PyTorch, and whether the run is on CUDA; Skip when PyTorch is absent or sees no GPU the run uses."""
     try:
         import torch
     except ImportError as exc:
@@ -261,6 +260,13 @@ def torch_amp(ctx: Context, sec: Section) -> None:
     cuda = ctx.dev.name == "cuda"
     if cuda and not torch.cuda.is_available():
         raise Skip("PyTorch sees no CUDA GPU")
+    return torch, cuda
+
+
+# ---- 7. PyTorch AMP on the same MLP (last: its allocator must not disturb CuPy's measurements) --------------
+def torch_amp(ctx: Context, sec: Section) -> None:
+    """PyTorch's AMP step (autocast + GradScaler, same MLP, data and SGD) against tinyamp's mixed step."""
+    torch, cuda = import_torch(ctx)
     try:
         _torch_amp(ctx, sec, torch, cuda)
     finally:  # the model, optimizer and data were local to _torch_amp: give their blocks back

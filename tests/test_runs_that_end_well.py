@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_resume import assert_same  # checkpoint contents equal bit for bit
 
 from tinyamp.amp.training_state import read_checkpoint
 
@@ -316,23 +317,6 @@ def test_a_distributed_run_resumed_by_the_command_it_prints_ends_bit_for_bit_wit
     for part in ("model", "optimizer", "scaler"):
         assert_same(a[part], b[part], part)
     assert regime_of(out)["series"] == regime_of(tmp_path / "straight")["series"]
-
-
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Two checkpoint contents equal bit for bit (arrays by their bytes)."""
-    if isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert a.tobytes() == b.tobytes(), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for k in a:
-            assert_same(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}/{i}")
-    else:
-        assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
 
 
 # ---- edges of the command --------------------------------------------------------------------------------
