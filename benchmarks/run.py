@@ -72,7 +72,7 @@ def ratio(value: float) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """The rows as the Markdown table the README shows."""
+    """The rows as the Markdown table benchmarks/README.md shows."""
     lines = ["| benchmark | contender | median | tinyamp / contender |", "|---|---|---:|---:|"]
     for r in rows:
         lines.append(

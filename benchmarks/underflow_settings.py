@@ -14,7 +14,7 @@ differ in one mechanism only, so the columns say what loss scaling buys:
 * of |g|^2: the share of the gradients' squared norm those values carry;
 * train loss and test accuracy at the end.
 
-The README's "The demo" quotes this table.  Its point: many gradient values underflow, yet
+tinyamp/experiments/README.md ("How to read it") quotes this table.  Its point: many gradient values underflow, yet
 they are the smallest ones (an example the model already fits has a tiny error, divided by
 the batch size), so the updates do not change.  Loss scaling is needed where the *bulk* of
 a gradient lies below FP16's range, as in the paper's detector and language models.

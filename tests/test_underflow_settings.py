@@ -1,7 +1,7 @@
-"""benchmarks/underflow_settings.py, the study the README quotes on loss scaling and the digits MLP.
+"""benchmarks/underflow_settings.py, the study tinyamp/experiments/README.md quotes on loss scaling and the digits MLP.
 
 Here at a few steps per setting: that each setting builds and trains in the three regimes,
-and that the table reports what the README says it does.  The numbers are the script's
+and that the table reports what that README says it does.  The numbers are the script's
 business (about 3 minutes); these checks keep it from rotting.
 """
 

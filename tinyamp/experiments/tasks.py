@@ -27,7 +27,7 @@ Batch = tuple[Tensor, Tensor]
 class DigitsMLP:
     """An MLP classifying the 1797 8x8 handwritten digits, trained with plain SGD.
 
-    Defaults (see the README's "The demo" for why): 64-256-256-10, batch 128, SGD with
+    Defaults (see tinyamp/experiments/README.md for why): 64-256-256-10, batch 128, SGD with
     momentum 0.9 and learning rate 0.05, the rate decaying along a cosine to 0 over the run.
     """
 

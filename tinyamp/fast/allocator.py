@@ -6,7 +6,7 @@ the C library's ``malloc``.  glibc's ``malloc`` gives the free top of its heap b
 kernel once it passes a threshold (it "trims"), so the next step's arrays land on fresh
 pages, and the kernel zero-fills each 4 KiB page at its first touch: a page fault per
 page.  Whether it happens depends on the sizes and order of earlier allocations; the
-README ("Faster on a CPU", Benchmarks) gives the page faults and step times measured with and without.
+README ("Faster on a CPU") and benchmarks/README.md give the step times and page faults measured with and without.
 
 ``mallopt(M_TOP_PAD, n)`` asks glibc to keep n bytes at the top of the heap when it trims
 (and to grow the heap n bytes at a time): the pages stay mapped and the faults go away.
