@@ -147,6 +147,21 @@ def test_ex1_1_grader_fails_wrong_roundings(wrong: Callable, match: str) -> None
     _grade_wrong("ex1_1", wrong, match)
 
 
+def test_ex1_1_docstring_says_where_b_overflows_and_relates_the_two_bit_recipes() -> None:
+    """B = 2^(E+13) is inf in float32 from the first E with E + 13 = 128; the docstring names that |x|, and
+    A1's 126 << 10 on the sum is 1.1's 112 << 10 on r plus B's 13 binades and the implicit bit."""
+    from tinyamp import rounding
+
+    doc = " ".join(inspect.getdoc(solution("ex1_1")).split())  # the stub's is the same (tested above)
+    with np.errstate(over="ignore"):
+        first = next(e for e in range(-14, 200) if np.isinf(np.ldexp(np.float32(1), e + 13)))
+        x = np.array([np.nextafter(np.float32(2.0**first), np.float32(0)), 2.0**first], np.float32)
+        big = np.ldexp(np.float32(1), np.frexp(x)[1] - 1 + 13).astype(np.float32)
+    assert np.isfinite(big[0]) and np.isinf(big[1])  # the threshold is the power of two itself
+    assert f"B itself overflows float32 from |x| = 2^{first} on (E + 13 = {first + 13})" in doc
+    assert rounding.REBIAS == (127 - 15 + 13 + 1) << 10 and "126 = 112 + 13 + 1" in doc and "(126 << 10)" in doc
+
+
 # 1.2: the ulp
 def ulp_by_np_spacing(x: float) -> float:
     return float(np.spacing(np.float16(x)))
