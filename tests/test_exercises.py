@@ -19,6 +19,7 @@ import pytest
 
 from tinyamp.exercises import command
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, find
+from tinyamp.exercises.graders.master_weights import check_one_update, half_gap
 from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED, float16_conversion, grade, tinyamp_names_used
 from tinyamp.exercises.solutions import data_parallel as data_parallel_solutions
 from tinyamp.exercises.solutions import loss_scaling as scaling_solutions
@@ -265,6 +266,37 @@ def test_ex4_1_counterexamples_name_the_binade_and_its_ulp() -> None:
         r"yours says True, expected False: .*; the weight is in \[2\^-?\d+, 2\^-?\d+\), where float16's values are "
         r"2\^-?\d+ apart\n",
     )
+
+
+def ties_to_odd(weight: float, update: float) -> bool:
+    """The gaps right, the tie decided by the wrong parity of |w| / ulp(w)."""
+    lost = master_solutions.update_is_lost(weight, update)
+    direction = 1.0 if update > 0 else -1.0
+    moved = abs(float(np.float32(weight) + np.float32(update)) - weight)
+    return (not lost) if update != 0 and moved == half_gap(weight, direction) else lost
+
+
+KEEPS = "even: the weight's last mantissa bit is 0, so the tie keeps it"
+LEAVES = "odd: the weight's last mantissa bit is 1, so the tie leaves it"
+
+
+@pytest.mark.parametrize(
+    "weight, update, says", [(1.0, 2.0**-11, f"1024, {KEEPS}"), (1 + 2.0**-10, 2.0**-11, f"1025, {LEAVES}")]
+)
+def test_ex4_1_tie_counterexamples_read_the_last_bit_from_the_parity_of_w_in_ulps(
+    weight: float, update: float, says: str
+) -> None:
+    expected = (
+        "a tie, which goes to the even neighbour; |w| / ulp(w) = " + says + "); the weight is in [2^0, 2^1), where "
+        "float16's values are 2^-10 apart"
+    )
+    with pytest.raises(AssertionError) as failed:
+        check_one_update(ties_to_odd, weight, update)
+    assert str(failed.value).endswith(expected)
+
+
+def test_ex4_1_grader_tells_a_rule_that_ties_to_odd_how_to_read_the_last_bit() -> None:
+    _grade_wrong("ex4_1", ties_to_odd, r"a tie, which goes to the even neighbour; \|w\| / ulp\(w\) = \d+, (odd|even)")
 
 
 # 4.2: the master step
