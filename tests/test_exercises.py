@@ -85,8 +85,76 @@ def test_stub_and_solution_have_the_same_signature_and_docstring_and_the_stub_ra
             assert inspect.signature(stubs[name]) == inspect.signature(answers[name]), name
     doc = inspect.getdoc(stub)
     assert doc.startswith(f"Exercise {e.number}: ") and "Task:" in doc and "Math" in doc and "Read: tutorials/" in doc
+    assert e.minutes > 0 and f"Time: about {e.minutes} minutes of work once the reading is done" in doc
+    assert doc.index("Read: tutorials/") < doc.index("Time: about")  # what to read first, then how long
     source = inspect.getsource(stub)
     assert f'raise NotImplementedError("Exercise {e.number}: {e.title}")' in source
+
+
+# ---- a lab an instructor can plan: reading times, exercise times, and the syllabus's sums of them ---------------
+SYLLABUS = ROOT / "tutorials" / "README.md"
+
+
+def reading_minutes() -> dict[str, int]:
+    """Each tutorial's reading time, from the title cell of the tutorial itself: {"01": 30, ..., "A1": 15}."""
+    minutes = {}
+    for path in sorted((ROOT / "tutorials").glob("[0-9A][0-9]_*.py")):
+        found = re.findall(r"(\d+) minutes to read", path.read_text(encoding="utf-8").split("# %%\n")[0])
+        assert len(found) == 1, f"{path.name} says its reading time {len(found)} times in its title cell"
+        minutes[path.name[:2]] = int(found[0])
+    return minutes
+
+
+def tutorials_in_words(text: str) -> set[str]:
+    """ "tutorials 1 and 2, appendix A1" -> {"01", "02", "A1"}."""
+    return {n if n.startswith("A") else f"{int(n):02d}" for n in re.findall(r"\b(A\d|\d)\b", text)}
+
+
+def test_the_syllabus_reading_times_are_the_tutorials_own() -> None:
+    rows = re.findall(r"^\| \w+ \| `(\w\w)_\w+\.py` \| (\d+) min \|", SYLLABUS.read_text(encoding="utf-8"), re.M)
+    syllabus = {prefix: int(minutes) for prefix, minutes in rows}
+    assert syllabus == reading_minutes() and len(syllabus) >= 10
+
+
+def test_the_lab_plan_adds_up_the_reading_and_the_exercise_times_and_fits_two_hours() -> None:
+    reading, text = reading_minutes(), SYLLABUS.read_text(encoding="utf-8")
+    exercises_table = dict(re.findall(r"^\| \d \| (\d\.\d) .* \| ~(\d+) min \|$", text, re.M))
+    assert exercises_table == {e.number: str(e.minutes) for e in EXERCISES}  # the table's times are the catalog's
+    plan = re.findall(r"^\| (\d) \| ([^|]+) \| ~(\d+) min \| exercises? ([\d., ]+) \| ~(\d+) min \|$", text, re.M)
+    assert [lab for lab, *_ in plan] == ["1", "2", "3", "4"]
+    planned = []
+    for _lab, tutorials, to_read, numbers, to_write in plan:
+        read, written = tutorials_in_words(tutorials), [find(n.strip()) for n in numbers.split(",")]
+        assert int(to_read) == sum(reading[t] for t in read), tutorials
+        assert int(to_write) == sum(e.minutes for e in written) <= 120, numbers  # the exercises fit in the lab
+        assert all(f"{int(e.number.split('.')[0]):02d}" in read for e in written), numbers  # its own tutorial first
+        planned += [e.number for e in written]
+    assert sorted(planned) == sorted(e.number for e in EXERCISES)  # every exercise, once
+
+
+def test_the_syllabus_says_how_long_the_reading_for_exercises_1_1_4_1_5_1_and_5_2_takes() -> None:
+    """The reading that the four exercises name, whole tutorials counted once, and the exercises' own times,
+    summed from the catalog and the tutorials' title cells, against the figures the syllabus prints."""
+    text = " ".join(SYLLABUS.read_text(encoding="utf-8").split())
+    said = re.search(
+        r"exercises ([\d.]+), ([\d.]+), ([\d.]+) and ([\d.]+), names sections of tutorials ([\w, ]+), which take "
+        r"about (\d+) minutes to read \(([\d + ]+)\), and then asks for about (\d+) minutes of exercises "
+        r"\(([\d + ]+)\)",
+        text,
+    )
+    assert said is not None, "the syllabus no longer says how long the reading for the four exercises takes"
+    four = [find(n) for n in said.groups()[:4]]
+    assert [e.number for e in four] == ["1.1", "4.1", "5.1", "5.2"]
+    named = {t for e in four for t in re.findall(r"tutorials/(\w\w)_\w+\.py", e.tutorial)}
+    assert tutorials_in_words(said.group(5)) == named == {"01", "04", "05", "A1"}
+    minutes = reading_minutes()
+    total_reading = sum(minutes[t] for t in named)
+    assert int(said.group(6)) == total_reading == sum(int(m) for m in said.group(7).split("+"))
+    assert sorted(int(m) for m in said.group(7).split("+")) == sorted(minutes[t] for t in named)
+    total_writing = sum(e.minutes for e in four)
+    assert int(said.group(8)) == total_writing == sum(int(m) for m in said.group(9).split("+"))
+    assert [int(m) for m in said.group(9).split("+")] == [e.minutes for e in four]
+    assert total_reading > 120 / 2  # "the reading alone would fill most of the two hours"
 
 
 def test_template_and_solutions_have_the_same_modules() -> None:

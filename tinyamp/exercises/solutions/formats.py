@@ -33,6 +33,8 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     Read: tutorials/01_number_formats.py, section 3 (Rounding: to nearest, ties to even);
     tutorials/A1_inside_the_converters.py, sections 2 and 3 (FP32 to FP16 with one addition;
     reading the FP16 bits off the sum).
+
+    Time: about 30 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     magnitude = np.abs(x)
     with np.errstate(all="ignore"):  # inf and NaN lanes compute garbage, replaced below; B is inf from 2^115 on
@@ -60,6 +62,8 @@ def float16_ulp(x: float) -> float:
     the subnormals are evenly spaced: the ulp is 2^-24 there, and for 0 too.
 
     Read: tutorials/01_number_formats.py, section 5 (The ulp, and the additions that are lost).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     with np.errstate(over="ignore"):
         v = abs(float(np.float16(x)))
@@ -85,5 +89,7 @@ def fp16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Read: tutorials/01_number_formats.py, sections 6 (a product of two FP16 numbers is exact in
     FP32) and 7 (sums: accumulate in FP32, round once).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)

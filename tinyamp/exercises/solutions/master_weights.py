@@ -30,6 +30,8 @@ def update_is_lost(weight: float, update: float) -> bool:
 
     Read: tutorials/01_number_formats.py, section 5; tutorials/04_fp32_master_weights.py,
     section 1 (The 2048x rule, exactly).
+
+    Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     if update == 0:
         return False
@@ -67,6 +69,8 @@ def master_step(
 
     Read: tutorials/04_fp32_master_weights.py, sections 2 and 3 (master weights on one
     weight, then on the digits MLP).
+
+    Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     new_master = master - np.float32(lr) * grad16.astype(np.float32)
     update = new_master - master

@@ -36,6 +36,8 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     Read: tutorials/01_number_formats.py, section 3 (Rounding: to nearest, ties to even);
     tutorials/A1_inside_the_converters.py, sections 2 and 3 (FP32 to FP16 with one addition;
     reading the FP16 bits off the sum).
+
+    Time: about 30 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 1.1: float32 to float16 with one float32 addition")
 
@@ -52,6 +54,8 @@ def float16_ulp(x: float) -> float:
     the subnormals are evenly spaced: the ulp is 2^-24 there, and for 0 too.
 
     Read: tutorials/01_number_formats.py, section 5 (The ulp, and the additions that are lost).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 1.2: the ulp of a float16 value")
 
@@ -70,5 +74,7 @@ def fp16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Read: tutorials/01_number_formats.py, sections 6 (a product of two FP16 numbers is exact in
     FP32) and 7 (sums: accumulate in FP32, round once).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 1.3: FP16 x FP16 -> FP32 products, rounded once")

@@ -33,6 +33,8 @@ def update_is_lost(weight: float, update: float) -> bool:
 
     Read: tutorials/01_number_formats.py, section 5; tutorials/04_fp32_master_weights.py,
     section 1 (The 2048x rule, exactly).
+
+    Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 4.1: is an update lost? both directions")
 
@@ -58,5 +60,7 @@ def master_step(
 
     Read: tutorials/04_fp32_master_weights.py, sections 2 and 3 (master weights on one
     weight, then on the digits MLP).
+
+    Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 4.2: the master-weight step, lost updates counted")
