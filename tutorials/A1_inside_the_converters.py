@@ -181,8 +181,8 @@ assert np.array_equal(rounding.round_to_float16(samples), samples.astype(np.floa
 # So $126 = 112 + 13 + 1$: the bias difference, the 13 binades by which $B$ lies above $|x|$, and
 # the implicit bit, which $r$ keeps in its exponent field and $M$ counts. The sum needs no branch
 # for subnormals ($B = 2^{-1}$, $s \gg 13 = 126 \cdot 2^{10}$, and the formula leaves $M$, the count
-# of $2^{-24}$ that is the subnormal's bits); $r$ does: below $2^{-14}$ it is still an FP32 normal
-# number, with an exponent field FP16 cannot write, so its bits are computed as $r / 2^{-24}$.
+# of $2^{-24}$ that is the subnormal's bits); $r$ does: a nonzero $r$ below $2^{-14}$ is still an FP32
+# normal number, with an exponent field FP16 cannot write, so its bits are computed as $r / 2^{-24}$.
 # The two recipes, on every sample above:
 
 # %%
