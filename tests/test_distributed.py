@@ -10,6 +10,7 @@ claims, each a test:
 * 2 ranks x B/2 = 1 process accumulating 2 micro-batches of B/2, bit for bit (the gradients are
   summed in the same order, in the same dtype); = 1 process x B within a float32 tolerance;
 * an overflow only one rank sees: with the agreement every rank skips; without it they part;
+* rank 0's per-rank table prints each rank's fingerprint of its final state and says whether they agree;
 * a rank that raises, dies or hangs stops every rank within seconds; different settings are refused;
 * a sharded run's checkpoint resumes bit for bit, on 2 ranks and in 1 process;
 * the lost updates are counted over the whole model: ZeRO's shards, the replicated run and one
@@ -357,6 +358,34 @@ def test_an_overflow_one_rank_sees_skips_every_rank_with_agreement_and_splits_th
     else:  # rank 0 stepped with rank 1's inf: its weights are no longer finite, rank 1's are
         assert a["fingerprints"][2]["weights"] != b["fingerprints"][2]["weights"]
         assert a["finite"] is False and b["finite"] is True
+
+
+def table_rows(stdout: str) -> dict[int, str]:
+    """The per-rank table rank 0 prints: rank -> the fingerprint in its last column."""
+    rows = [line.split() for line in stdout.splitlines() if line[:4].strip().isdigit() and "KiB" in line]
+    return {int(r[0]): r[-1] for r in rows}
+
+
+def test_the_per_rank_table_shows_each_ranks_fingerprint_and_says_whether_they_agree(tmp_path: Path) -> None:
+    """The fingerprint printed is the final state's (the digests --dump records), and a run whose ranks parted
+    (an overflow on rank 1 alone, no agreement, ZeRO: the weights stay equal, the scales do not) is told so."""
+    from tinyamp.distributed.train import shared_fingerprint
+
+    together = launch(2, *SMALL, "--steps", "4", "--dump", str(tmp_path / "agree"))
+    assert together.returncode == 0, together.stdout[-3000:] + together.stderr[-3000:]
+    printed = table_rows(together.stdout)
+    (a, _), (b, _) = dumped(tmp_path / "agree", 2)
+    final = [{**row, "fingerprint": d["fingerprints"][-1]} for row, d in zip(a["rows"], (a, b))]  # after the last step
+    assert printed == {0: shared_fingerprint(final[0]), 1: shared_fingerprint(final[1])} and printed[0] == printed[1]
+    assert "fingerprint: SHA-256 of the weights, masters, optimizer moments and scaler state;" in together.stdout
+    assert "the same on every rank (2 of them): they hold one model, bit for bit" in together.stdout
+
+    parted = launch(2, *SMALL, "--steps", "5", "--zero", "--overflow-at", "2:1", "--no-agree")
+    assert parted.returncode == 0, parted.stdout[-3000:] + parted.stderr[-3000:]
+    printed = table_rows(parted.stdout)
+    assert sorted(printed) == [0, 1] and printed[0] != printed[1]
+    assert "SHA-256 of the weights and scaler state (ZeRO: each rank holds its own shard" in parted.stdout
+    assert "the ranks DISAGREE with rank 0 (rank 1: scaler state): they no longer train one model" in parted.stdout
 
 
 @pytest.mark.parametrize(("fault", "says"), [

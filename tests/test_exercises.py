@@ -19,6 +19,7 @@ import pytest
 
 from tinyamp.exercises import command
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, find
+from tinyamp.exercises.graders.master_weights import check_one_update, half_gap
 from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED, float16_conversion, grade, tinyamp_names_used
 from tinyamp.exercises.solutions import data_parallel as data_parallel_solutions
 from tinyamp.exercises.solutions import loss_scaling as scaling_solutions
@@ -84,8 +85,76 @@ def test_stub_and_solution_have_the_same_signature_and_docstring_and_the_stub_ra
             assert inspect.signature(stubs[name]) == inspect.signature(answers[name]), name
     doc = inspect.getdoc(stub)
     assert doc.startswith(f"Exercise {e.number}: ") and "Task:" in doc and "Math" in doc and "Read: tutorials/" in doc
+    assert e.minutes > 0 and f"Time: about {e.minutes} minutes of work once the reading is done" in doc
+    assert doc.index("Read: tutorials/") < doc.index("Time: about")  # what to read first, then how long
     source = inspect.getsource(stub)
     assert f'raise NotImplementedError("Exercise {e.number}: {e.title}")' in source
+
+
+# ---- a lab an instructor can plan: reading times, exercise times, and the syllabus's sums of them ---------------
+SYLLABUS = ROOT / "tutorials" / "README.md"
+
+
+def reading_minutes() -> dict[str, int]:
+    """Each tutorial's reading time, from the title cell of the tutorial itself: {"01": 30, ..., "A1": 15}."""
+    minutes = {}
+    for path in sorted((ROOT / "tutorials").glob("[0-9A][0-9]_*.py")):
+        found = re.findall(r"(\d+) minutes to read", path.read_text(encoding="utf-8").split("# %%\n")[0])
+        assert len(found) == 1, f"{path.name} says its reading time {len(found)} times in its title cell"
+        minutes[path.name[:2]] = int(found[0])
+    return minutes
+
+
+def tutorials_in_words(text: str) -> set[str]:
+    """ "tutorials 1 and 2, appendix A1" -> {"01", "02", "A1"}."""
+    return {n if n.startswith("A") else f"{int(n):02d}" for n in re.findall(r"\b(A\d|\d)\b", text)}
+
+
+def test_the_syllabus_reading_times_are_the_tutorials_own() -> None:
+    rows = re.findall(r"^\| \w+ \| `(\w\w)_\w+\.py` \| (\d+) min \|", SYLLABUS.read_text(encoding="utf-8"), re.M)
+    syllabus = {prefix: int(minutes) for prefix, minutes in rows}
+    assert syllabus == reading_minutes() and len(syllabus) >= 10
+
+
+def test_the_lab_plan_adds_up_the_reading_and_the_exercise_times_and_fits_two_hours() -> None:
+    reading, text = reading_minutes(), SYLLABUS.read_text(encoding="utf-8")
+    exercises_table = dict(re.findall(r"^\| \d \| (\d\.\d) .* \| ~(\d+) min \|$", text, re.M))
+    assert exercises_table == {e.number: str(e.minutes) for e in EXERCISES}  # the table's times are the catalog's
+    plan = re.findall(r"^\| (\d) \| ([^|]+) \| ~(\d+) min \| exercises? ([\d., ]+) \| ~(\d+) min \|$", text, re.M)
+    assert [lab for lab, *_ in plan] == ["1", "2", "3", "4"]
+    planned = []
+    for _lab, tutorials, to_read, numbers, to_write in plan:
+        read, written = tutorials_in_words(tutorials), [find(n.strip()) for n in numbers.split(",")]
+        assert int(to_read) == sum(reading[t] for t in read), tutorials
+        assert int(to_write) == sum(e.minutes for e in written) <= 120, numbers  # the exercises fit in the lab
+        assert all(f"{int(e.number.split('.')[0]):02d}" in read for e in written), numbers  # its own tutorial first
+        planned += [e.number for e in written]
+    assert sorted(planned) == sorted(e.number for e in EXERCISES)  # every exercise, once
+
+
+def test_the_syllabus_says_how_long_the_reading_for_exercises_1_1_4_1_5_1_and_5_2_takes() -> None:
+    """The reading that the four exercises name, whole tutorials counted once, and the exercises' own times,
+    summed from the catalog and the tutorials' title cells, against the figures the syllabus prints."""
+    text = " ".join(SYLLABUS.read_text(encoding="utf-8").split())
+    said = re.search(
+        r"exercises ([\d.]+), ([\d.]+), ([\d.]+) and ([\d.]+), names sections of tutorials ([\w, ]+), which take "
+        r"about (\d+) minutes to read \(([\d + ]+)\), and then asks for about (\d+) minutes of exercises "
+        r"\(([\d + ]+)\)",
+        text,
+    )
+    assert said is not None, "the syllabus no longer says how long the reading for the four exercises takes"
+    four = [find(n) for n in said.groups()[:4]]
+    assert [e.number for e in four] == ["1.1", "4.1", "5.1", "5.2"]
+    named = {t for e in four for t in re.findall(r"tutorials/(\w\w)_\w+\.py", e.tutorial)}
+    assert tutorials_in_words(said.group(5)) == named == {"01", "04", "05", "A1"}
+    minutes = reading_minutes()
+    total_reading = sum(minutes[t] for t in named)
+    assert int(said.group(6)) == total_reading == sum(int(m) for m in said.group(7).split("+"))
+    assert sorted(int(m) for m in said.group(7).split("+")) == sorted(minutes[t] for t in named)
+    total_writing = sum(e.minutes for e in four)
+    assert int(said.group(8)) == total_writing == sum(int(m) for m in said.group(9).split("+"))
+    assert [int(m) for m in said.group(9).split("+")] == [e.minutes for e in four]
+    assert total_reading > 120 / 2  # "the reading alone would fill most of the two hours"
 
 
 def test_template_and_solutions_have_the_same_modules() -> None:
@@ -145,6 +214,21 @@ def saturate_at_65504(x: np.ndarray) -> np.ndarray:
 )
 def test_ex1_1_grader_fails_wrong_roundings(wrong: Callable, match: str) -> None:
     _grade_wrong("ex1_1", wrong, match)
+
+
+def test_ex1_1_docstring_says_where_b_overflows_and_relates_the_two_bit_recipes() -> None:
+    """B = 2^(E+13) is inf in float32 from the first E with E + 13 = 128; the docstring names that |x|, and
+    A1's 126 << 10 on the sum is 1.1's 112 << 10 on r plus B's 13 binades and the implicit bit."""
+    from tinyamp import rounding
+
+    doc = " ".join(inspect.getdoc(solution("ex1_1")).split())  # the stub's is the same (tested above)
+    with np.errstate(over="ignore"):
+        first = next(e for e in range(-14, 200) if np.isinf(np.ldexp(np.float32(1), e + 13)))
+        x = np.array([np.nextafter(np.float32(2.0**first), np.float32(0)), 2.0**first], np.float32)
+        big = np.ldexp(np.float32(1), np.frexp(x)[1] - 1 + 13).astype(np.float32)
+    assert np.isfinite(big[0]) and np.isinf(big[1])  # the threshold is the power of two itself
+    assert f"B itself overflows float32 from |x| = 2^{first} on (E + 13 = {first + 13})" in doc
+    assert rounding.REBIAS == (127 - 15 + 13 + 1) << 10 and "126 = 112 + 13 + 1" in doc and "(126 << 10)" in doc
 
 
 # 1.2: the ulp
@@ -250,6 +334,37 @@ def test_ex4_1_counterexamples_name_the_binade_and_its_ulp() -> None:
         r"yours says True, expected False: .*; the weight is in \[2\^-?\d+, 2\^-?\d+\), where float16's values are "
         r"2\^-?\d+ apart\n",
     )
+
+
+def ties_to_odd(weight: float, update: float) -> bool:
+    """The gaps right, the tie decided by the wrong parity of |w| / ulp(w)."""
+    lost = master_solutions.update_is_lost(weight, update)
+    direction = 1.0 if update > 0 else -1.0
+    moved = abs(float(np.float32(weight) + np.float32(update)) - weight)
+    return (not lost) if update != 0 and moved == half_gap(weight, direction) else lost
+
+
+KEEPS = "even: the weight's last mantissa bit is 0, so the tie keeps it"
+LEAVES = "odd: the weight's last mantissa bit is 1, so the tie leaves it"
+
+
+@pytest.mark.parametrize(
+    "weight, update, says", [(1.0, 2.0**-11, f"1024, {KEEPS}"), (1 + 2.0**-10, 2.0**-11, f"1025, {LEAVES}")]
+)
+def test_ex4_1_tie_counterexamples_read_the_last_bit_from_the_parity_of_w_in_ulps(
+    weight: float, update: float, says: str
+) -> None:
+    expected = (
+        "a tie, which goes to the even neighbour; |w| / ulp(w) = " + says + "); the weight is in [2^0, 2^1), where "
+        "float16's values are 2^-10 apart"
+    )
+    with pytest.raises(AssertionError) as failed:
+        check_one_update(ties_to_odd, weight, update)
+    assert str(failed.value).endswith(expected)
+
+
+def test_ex4_1_grader_tells_a_rule_that_ties_to_odd_how_to_read_the_last_bit() -> None:
+    _grade_wrong("ex4_1", ties_to_odd, r"a tie, which goes to the even neighbour; \|w\| / ulp\(w\) = \d+, (odd|even)")
 
 
 # 4.2: the master step

@@ -217,8 +217,8 @@ def test_list_names_every_exercise_and_how_far_each_is_in_a_workspace(tmp_path: 
     done = tinyamp("exercises", "list", timeout=60)
     assert done.returncode == 0
     for e in EXERCISES:
-        assert re.search(rf"^{re.escape(e.number)} +{re.escape(e.title)} +1  {re.escape(e.tutorial)}$", done.stdout,
-                         re.M), e.number  # fmt: skip
+        assert re.search(rf"^{re.escape(e.number)} +{re.escape(e.title)} +1 +{e.minutes}  {re.escape(e.tutorial)}$",
+                         done.stdout, re.M), e.number  # fmt: skip
     assert "tinyamp exercises init ws  then  tinyamp exercises check ws" in done.stdout
     workspace = tmp_path / "ws"
     write_workspace(workspace)
@@ -229,7 +229,7 @@ def test_list_names_every_exercise_and_how_far_each_is_in_a_workspace(tmp_path: 
     before = snapshot(workspace)
     done = tinyamp("exercises", "list", str(workspace), timeout=60)
     assert done.returncode == 0
-    status = {line[:5].strip(): re.split(r"  +", line)[3] for line in done.stdout.splitlines() if line[:1].isdigit()}
+    status = {line[:5].strip(): re.split(r"  +", line)[4] for line in done.stdout.splitlines() if line[:1].isdigit()}
     assert status["2.1"] == "written" and status["2.2"] == "in progress" and status["1.1"] == "not started"
     assert status["2.3"] == "missing"  # no layer_norm_backward in myamp/backward.py
     assert snapshot(workspace) == before  # read, never run

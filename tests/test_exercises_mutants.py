@@ -417,7 +417,8 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "the grown scale not rounded to float32",
         "grown = float(np.float32(self.scale * self.growth_factor))",
         "grown = self.scale * self.growth_factor",
-        r"clean steps? your scale is \S+, the (pytorch|jmp) rule says \S+ \(settings: .*growth_factor=(?!2,|4,)",
+        r"clean steps? your scale is \S+, the pytorch rule says \S+: the pytorch rule keeps its scale in float32, so "
+        r"each new scale is rounded to float32 \(\S+ \* \S+ rounds to \S+\) \(settings: .*growth_factor=(?!2,|4,)",
     ),
     (
         "ex5_1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,19 +160,23 @@ class PyTorchRule:
     def __init__(self, mistake: str = "", **s: Any) -> None:
         self.scale, self.growth_tracker, self.s, self.mistake = float(np.float32(s["init_scale"])), 0, s, mistake
 
+    def rounded(self, v: float) -> float:
+        with np.errstate(over="ignore"):
+            return v if self.mistake == "not rounded to float32" else float(np.float32(v))
+
     def update(self, found_inf: bool) -> None:
         s = self.s
         if found_inf:
-            self.scale = float(np.float32(self.scale * s["backoff_factor"]))
+            self.scale = self.rounded(self.scale * s["backoff_factor"])
             if self.mistake != "counter kept":
                 self.growth_tracker = 0
             if self.mistake != "growth on overflow":
                 return
         self.growth_tracker += 1
         if self.growth_tracker >= s["growth_interval"]:
-            self.growth_tracker = 0
-            with np.errstate(over="ignore"):
-                grown = float(np.float32(self.scale * s["growth_factor"]))
+            grown = self.rounded(self.scale * s["growth_factor"])
+            if self.mistake != "a refused growth keeps the counter" or math.isfinite(grown):
+                self.growth_tracker = 0
             if math.isfinite(grown) or self.mistake == "grows to inf":
                 self.scale = grown
 
@@ -196,6 +201,13 @@ def test_check_scaler_passes_a_correct_scaler_of_someone_elses() -> None:
          r"never grow to inf"),
         ("tracker not saved", r"^a scaler restored from your state_dict\(\) after \d+ clean steps? has "
          r"growth_tracker 0, yours has [1-9]\d*: a state_dict round trip must continue identically"),
+        # the reason, not only the two numbers: a scale not rounded to float32, a counter not reset by a refused growth
+        ("not rounded to float32", r"your scale is \S+, the pytorch rule says \S+: (the pytorch rule keeps its scale "
+         r"in float32, so each new scale is rounded to float32 \(\S+ \* \S+ rounds to \S+\)|the scale must never "
+         r"grow to inf \(refuse that growth and keep the scale, as PyTorch does\); the scale is a float32 value)"),
+        ("a refused growth keeps the counter", r"^after \d+ clean steps your growth_tracker is [1-9]\d*, the rule says "
+         r"0: when the counter reaches growth_interval=\d+ it goes back to 0, even when the growth is refused \(the "
+         r"grown scale would be inf\) or clamped to max_scale, as PyTorch does \(settings: "),
     ],
 )  # fmt: skip
 def test_check_scaler_fails_classic_mistakes_with_the_steps_in_words(mistake: str, match: str) -> None:
@@ -233,6 +245,79 @@ def test_a_scaler_that_raises_is_a_counterexample_too() -> None:
 
     with pytest.raises(AssertionError, match=r"after no step, update\(True\) .* raised ZeroDivisionError: oops"):
         check_scaler(lambda **s: Broken(**s), "pytorch", max_examples=50)
+
+
+PLANTED = """
+from tinyamp.testing import check_scaler
+from tinyamp.testing.counterexamples import same_examples_every_run
+
+
+class UnroundedScaler:
+    def __init__(self, init_scale, growth_factor, backoff_factor, growth_interval, min_scale=None, max_scale=None):
+        self.scale, self.growth_tracker = init_scale, 0
+        self.factors, self.interval = (growth_factor, backoff_factor), growth_interval
+
+    def update(self, found_inf):
+        if found_inf:
+            self.scale, self.growth_tracker = self.scale * self.factors[1], 0
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.interval:
+            self.scale, self.growth_tracker = self.scale * self.factors[0], 0  # the planted mistake: not float32
+
+    def state_dict(self):
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, state):
+        self.scale, self.growth_tracker = state["scale"], state["growth_tracker"]
+
+
+class CrashingScaler(UnroundedScaler):
+    def update(self, found_inf):
+        return 1 / self.growth_tracker  # the planted mistake: a division by zero
+
+
+def test_unrounded_scaler():
+    with same_examples_every_run():
+        check_scaler(UnroundedScaler, reference="pytorch", max_examples=200)
+
+
+def test_crashing_scaler():
+    with same_examples_every_run():
+        check_scaler(CrashingScaler, reference="pytorch", max_examples=20)
+"""
+
+
+def test_a_failure_report_shows_the_users_values_and_the_rule_not_tinyamps_source(tmp_path: Path) -> None:
+    """pytest's report of a check that fails: the user's call, the message (values, rule, settings) and the
+    user's own line where their code raised; no frame of tinyamp.testing, hypothesis or contextlib."""
+    (tmp_path / "test_planted.py").write_text(PLANTED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "test_planted.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    report = done.stdout
+    assert done.returncode == 1 and "2 failed" in report, report[-3000:] + done.stderr[-3000:]
+    unrounded = report[report.index("_ test_unrounded_scaler _") : report.index("_ test_crashing_scaler _")]
+    crashing = report[report.index("_ test_crashing_scaler _") : report.index("short test summary")]
+    # the user's values and the rule they break, at the user's line
+    assert re.search(r'^> +check_scaler\(UnroundedScaler, reference="pytorch", max_examples=200\)$', unrounded, re.M)
+    assert re.search(
+        r"E +AssertionError: after \d+ clean steps? your scale is \S+, the pytorch rule says \S+: the "
+        r"(pytorch rule keeps its scale in float32|scale must never grow to inf)",
+        unrounded,
+    ), unrounded
+    assert "(settings: init_scale=" in unrounded and "Falsifying example:" in unrounded
+    # the user's own line where their code raised, then the sentence
+    assert re.search(r"^> +return 1 / self.growth_tracker", crashing, re.M) and "E       ZeroDivisionError" in crashing
+    assert re.search(
+        r"E +AssertionError: .*update\((True|False)\) or reading scale and growth_tracker raised "
+        r"ZeroDivisionError",
+        crashing,
+    ), crashing
+    for internal in ("tinyamp/testing", "hypothesis/", "contextlib.py", "run_state_machine_as_test", "def compare",
+                     "raise AssertionError", "with blamed(", "self.gen.throw"):  # fmt: skip
+        assert internal not in report, f"{internal!r} in the report:\n{report}"
 
 
 # ---- check_rounding ------------------------------------------------------------------------------------------------

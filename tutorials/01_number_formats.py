@@ -303,8 +303,11 @@ print("formats.ulp agrees with np.spacing on 400 random FP16 and FP32 values")
 # an ulp. Toward zero it is the same, except at a power of two: the values just below $2^k$ have
 # the spacing of the binade below, half an ulp of $2^k$, so there the limit is a quarter of an
 # ulp (at the smallest normal, $2^{-14}$, the subnormals below are as far apart as the values
-# above, and the limit stays half an ulp). At $w = 2048$ the FP16 ulp is 2: adding 1 is a tie
-# and goes to the even neighbour, 2048 itself, and adding 0.6 is lost too, but *subtracting*
+# above, and the limit stays half an ulp). The even neighbour is the one whose last mantissa bit
+# is 0, and that bit can be read without looking at the bits: it is the parity of the integer
+# $|w| / \mathrm{ulp}(w)$, $w$ counted in ulps (below $2^{11}$, and exact in FP32 and FP64, since
+# the ulp is a power of two). At $w = 2048$ the FP16 ulp is 2: adding 1 is a tie and goes to the
+# even neighbour, 2048 itself (1024 ulps: even), and adding 0.6 is lost too, but *subtracting*
 # 0.6 gives 2047, because the FP16 values below 2048 are 1 apart. `formats.update_is_lost` asks
 # exactly this question (`tinyamp/amp/lost_updates.py` has the rule), and tutorial 4 asks it for
 # every weight of a network at every step of training.
@@ -318,6 +321,13 @@ assert formats.update_is_lost(2048.0, 1.0) and not formats.update_is_lost(2048.0
 assert formats.update_is_lost(2048.0, 0.6) and not formats.update_is_lost(2048.0, -0.6)
 assert np.float16(2048) - np.float16(0.6) == 2047 and formats.round_to(2048 - 0.5) == 2048  # 2047.5: a tie, to even
 assert formats.update_is_lost(1.0, 2**-11) and not formats.update_is_lost(1.0, 2**-10)
+# the last mantissa bit is the parity of |w| / ulp(w), for every finite FP16 value (subnormals and 0 included)
+every_finite = np.arange(0x7C00, dtype=np.uint16).view(np.float16)  # the bits 0 ... 0x7BFF: 0 to 65504
+ulps = np.array([formats.ulp(float(v)) for v in every_finite])
+in_ulps = every_finite.astype(np.float64) / ulps
+assert np.array_equal(in_ulps, np.round(in_ulps)) and in_ulps.max() < 2**11
+assert np.array_equal(every_finite.astype(np.float32) / ulps.astype(np.float32), in_ulps)  # FP32: the same integers
+assert np.array_equal(in_ulps.astype(np.int64) % 2, every_finite.view(np.uint16) & 1)
 # FP32 has the same wall, 8192 times further out: where its ulp becomes 2, at 2^(mantissa bits + 1)
 wall16, wall32 = (2.0 ** (f.mantissa_bits + 1) for f in (FP16, FP32))
 assert formats.ulp(wall16) == formats.ulp(wall32, "float32") == 2 and wall32 / wall16 == 8192
@@ -671,8 +681,9 @@ else:
 #   $2^{128} - 2^{119} \approx 3.3962 \times 10^{38}$ up round to inf.
 # - Rounding is to nearest, ties to even. An addend is lost when it is smaller than half the gap
 #   between the value it is added to and that value's neighbour in the addend's direction (half
-#   an ulp; toward zero from a normal power of two above $2^{-14}$, a quarter of one); one of
-#   exactly half is a tie that goes to the even neighbour.
+#   an ulp; toward zero from a power of two strictly above $2^{-14}$, a quarter of one: $2^{-14}$
+#   itself has the subnormals below it, a full ulp apart); one of exactly half is a tie that goes
+#   to the even neighbour, whose last mantissa bit, the parity of $|w| / \mathrm{ulp}(w)$, is 0.
 # - An FP16 x FP16 product needs at most 22 significant bits: exact in FP32. Accumulating a long
 #   dot product in FP16 loses the sum (4096 ones stop at 2048); FP32 accumulation rounded once
 #   keeps the result within half an FP16 ulp. tinyamp's FP16 matmul is widen + sgemm + round

@@ -344,12 +344,19 @@ print(hand.history[-1])
 # Read the table against the rule. Three clean steps double the scale (steps 2 and 5); at
 # the ceiling, the next growth is clamped (`hit_ceiling`). Each overflow halves it, down to
 # the floor, where a further overflow is `hit_floor`. After an overflow the tracker restarts
-# from 0, so growth waits a full interval again. The asserts below recompute these facts from
-# the recorded history, not from the table we expect.
+# from 0, so growth waits a full interval again. The comparison comes after the increment: the
+# tracker read before a growing step is 2, the step makes it 3 = `growth_interval`, and the
+# scale grows (and the tracker is 0 again); a clean step that does not grow leaves it at most 2.
+# The asserts below recompute these facts from the recorded history, not from the table we expect.
 
 # %%
 h = hand.history_columns()
+interval = hand.rule.growth_interval
 for i, e in enumerate(hand.history):
+    before = hand.history[i - 1].growth_tracker if i else 0  # the tracker this step read
+    if not e.found_inf:  # the step adds 1, then compares: it grows (or hits the ceiling) exactly when t + 1 reaches 3
+        assert (e.event in ("grew", "hit_ceiling")) == (before + 1 == interval)
+        assert e.growth_tracker == (0 if before + 1 == interval else before + 1) < interval
     if e.found_inf:
         assert e.scale_after == max(e.scale_before / 2, 2.0**2) and e.growth_tracker == 0
     elif e.event == "grew":

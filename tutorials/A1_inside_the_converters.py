@@ -90,6 +90,29 @@ assert np.array_equal(by_addition, samples.astype(np.float16).astype(np.float32)
 assert by_addition[0] == 2048 and by_addition[1] == 2052 and by_addition[4] == 2.0**-23 and by_addition[5] == 0
 
 # %% [markdown]
+# Why drop $|x| \ge 65520$ first? Not only because FP16 has no finite value there: $B$ itself
+# overflows FP32 for large $|x|$. $B = 2^{E + 13}$ is finite while $E + 13 \le 127$, that is for
+# $|x| < 2^{115} \approx 4.15 \cdot 10^{34}$; from $|x| = 2^{115}$ on, $B$ is inf and
+# $(|x| + \infty) - \infty$ is NaN (with NumPy's overflow warning). A converter that computes $B$
+# for every lane must therefore set aside the values that round to inf (from 65520 up, inf and
+# NaN included) *before* it trusts the sum, or bound $E$ (at 15, say) before it builds $B$. We find
+# the threshold by computing $B$ on both sides of it.
+
+# %%
+B_OVERFLOWS_FROM = np.float32(2.0**115)
+sides = np.array([np.nextafter(B_OVERFLOWS_FROM, np.float32(0)), B_OVERFLOWS_FROM], np.float32)
+with np.errstate(over="ignore", invalid="ignore"):  # the second lane overflows: that is the point
+    sides_e = np.frexp(sides)[1]
+    sides_b = np.ldexp(np.float32(1), np.maximum(sides_e - 1, -14) + 13).astype(np.float32)
+    sides_rounded = round_by_addition(sides)
+for name, x, b, rounded in zip(("2^115 - 2^91", "2^115"), sides, sides_b, sides_rounded):
+    b_in_words = f"2^{np.frexp(b)[1] - 1}" if np.isfinite(b) else str(b)
+    print(f"|x| = {name:<12} = {x:.8g}:  B = {b_in_words},  (|x| + B) - B = {rounded:.8g}")
+assert sides_b[0] == 2.0**127 and np.isfinite(sides_rounded[0]) and sides_rounded[0] == 2.0**115  # 11 bits: up
+assert np.isinf(sides_b[1]) and np.isnan(sides_rounded[1])
+assert B_OVERFLOWS_FROM > 65520  # the samples above, all below 65520, never meet it
+
+# %% [markdown]
 # The figure shows the rule at work around 2048, where FP16's spacing changes from 1 to 2:
 # between the FP16 values every real number goes to the nearer one, and the ties (the
 # half-integers below 2048, the odd integers above) go to the even neighbour.
@@ -142,6 +165,44 @@ for x in (2049.0, 2051.0, 1 + 2**-11, 65504.0, 1e-7, 3 * 2**-25):
 assert np.array_equal(rounding.round_to_float16(samples), samples.astype(np.float16))  # tinyamp's: the same bits
 
 # %% [markdown]
+# Exercise 1.1's docstring gives another recipe: subtract $B$ again, then shift the bits of the
+# rounded value $r = (|x| + B) - B$ right by 13 and subtract $112 \cdot 2^{10}$ (for $r \ge 2^{-14}$;
+# below, the bits are $r / 2^{-24}$). It is the same arithmetic, started from another number.
+# Write a normal result as $r = 2^E (1 + m / 2^{10})$, with $m$ its 10-bit FP16 mantissa field.
+#
+# - From $r$ (exercise 1.1): $r$'s FP32 exponent field is $E + 127$ and its low 13 bits are 0, so
+#   $r \gg 13$ is $(E + 127) \cdot 2^{10} + m$. FP16's bits are $(E + 15) \cdot 2^{10} + m$: subtract
+#   $112 \cdot 2^{10}$, the bias difference $127 - 15$.
+# - From the sum $s = B + r$ (`tinyamp/rounding.py`): $s$ lies in $B$'s binade, so its exponent field is
+#   $E + 13 + 127$, and $s \gg 13$ is $(E + 140) \cdot 2^{10}$; its low 13 bits are
+#   $M = 2^{10} + m$, $r$ counted in ulps with its implicit bit. Their sum is
+#   $(E + 141) \cdot 2^{10} + m$: subtract $126 \cdot 2^{10}$.
+#
+# So $126 = 112 + 13 + 1$: the bias difference, the 13 binades by which $B$ lies above $|x|$, and
+# the implicit bit, which $r$ keeps in its exponent field and $M$ counts. The sum needs no branch
+# for subnormals ($B = 2^{-1}$, $s \gg 13 = 126 \cdot 2^{10}$, and the formula leaves $M$, the count
+# of $2^{-24}$ that is the subnormal's bits); $r$ does: a nonzero $r$ below $2^{-14}$ is still an FP32
+# normal number, with an exponent field FP16 cannot write, so its bits are computed as $r / 2^{-24}$.
+# The two recipes, on every sample above:
+
+# %%
+assert rounding.REBIAS == (112 + 13 + 1) << 10
+r = np.abs(by_addition)  # (|x| + B) - B, as round_by_addition computed it
+r_bits = r.view(np.uint32)
+subnormal_bits = (np.where(r < 2.0**-14, r, 0) / np.float32(2.0**-24)).astype(np.uint32)  # whole numbers: exact
+from_r = np.where(r >= 2.0**-14, (r_bits >> 13) - (112 << 10), subnormal_bits)  # the subnormal lanes wrap: dropped
+magnitudes = np.abs(samples).view(np.uint32)
+power = np.maximum((magnitudes & rounding.EXPONENT_FIELD) + rounding.TO_FLOAT16_ULP, rounding.SUBNORMAL_MAGIC)
+s_bits = (magnitudes.view(np.float32) + power.view(np.float32)).view(np.uint32)
+from_s = (s_bits >> 13) + (s_bits & rounding.MANTISSA_WITH_CARRY) - rounding.REBIAS
+s0, r0 = s_bits[0], r_bits[0]  # x = 2049: r = 2048, s = 2^24 + 2048
+print(f"x = 2049, from r: (r >> 13) - (112 << 10)     = {r0 >> 13:x} - 1c000 = {from_r[0]:x}")
+print(f"x = 2049, from s: (s >> 13) + M - (126 << 10) = {s0 >> 13:x} + {s0 & 0x1FFF:x} - 1f800 = {from_s[0]:x}")
+assert (112 << 10, 126 << 10) == (0x1C000, 0x1F800)
+assert np.array_equal(from_r, from_s)  # the two recipes: the same bits, for every sample
+assert np.array_equal(from_s.astype(np.uint16), np.abs(samples).astype(np.float16).view(np.uint16))
+
+# %% [markdown]
 # ## 4. FP16 to FP32: a shift and one multiplication
 #
 # Widening is exact, and needs no rounding at all. Shift the 15 magnitude bits of an FP16 value
@@ -187,6 +248,9 @@ for implementation in casts.KERNELS:
 #
 # - FP32 to BF16 rounds away the low 16 bits, to nearest, ties to even.
 # - FP32 to FP16: $(|x| + B) - B$ with $B = 2^{\max(E, -14) + 13}$ rounds $|x|$ to FP16 in one
-#   FP32 addition; `tinyamp/rounding.py` reads the FP16 bits off the sum instead of subtracting.
+#   FP32 addition, while $B$ is finite: from $|x| = 2^{115}$ on it is inf, so the values that round
+#   to inf (from 65520) are set aside. `tinyamp/rounding.py` reads the FP16 bits off the sum instead
+#   of subtracting: $126 \cdot 2^{10}$ on the sum is exercise 1.1's $112 \cdot 2^{10}$ on $(|x| + B) - B$,
+#   plus $B$'s 13 binades and the implicit bit.
 # - FP16 to FP32: shift by 13, multiply by $2^{112}$: exact.
 # - The engine room runs the same formulas, in cache-sized blocks or compiled, with the same bits.

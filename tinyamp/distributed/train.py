@@ -7,7 +7,10 @@ of B/N, and trains a replica (``DataParallel``).  The loop is the single-process
 (``experiments.runner.run_regime``), with ``DistributedSetup.step`` for the step, so the
 results are measured and written the same way; rank 0 writes them.  The loss reported is the
 mean of the ranks' losses: the loss of the whole batch.  At the end, rank 0 prints one row per
-rank: steps skipped, the loss scale, the bytes of model states it holds and the bytes it sent.
+rank: steps skipped, the loss scale, the bytes of model states it holds and the bytes it sent,
+and a fingerprint (SHA-256) of the state every rank must hold alike: the weights and the scaler
+state, and the masters and optimizer moments unless ZeRO shards them.  A line under the table
+says whether the fingerprints agree, and if not, which parts differ on which ranks.
 
 Ranks started with different settings are refused before anything is built; an error on one
 rank stops every rank (``communicator.abort_on_error``).  Ctrl-C or SIGTERM stops every rank
@@ -170,10 +173,14 @@ class DistributedSetup(Setup):
             counts = tuple(int(v) for v in backend.to_device(summed, "cpu"))
         return None if skipped else (counts[0], counts[1])
 
-    def record_fingerprint(self) -> None:
-        """Append the digests of this rank's weights, masters, moments and scaler state (tests compare them)."""
+    def fingerprint(self) -> dict[str, str]:
+        """The digests of this rank's weights, masters, moments and scaler state (equal digests: equal bits)."""
         scaler = json.dumps(self.scaler.state_dict(), sort_keys=True, default=str).encode("utf-8")
-        self.fingerprints.append({**self.optimizer.fingerprint(), "scaler": hashlib.sha256(scaler).hexdigest()[:16]})
+        return {**self.optimizer.fingerprint(), "scaler": hashlib.sha256(scaler).hexdigest()[:16]}
+
+    def record_fingerprint(self) -> None:
+        """Append this step's fingerprint (tests compare them step by step)."""
+        self.fingerprints.append(self.fingerprint())
 
     def row(self, skipped: int) -> dict[str, Any]:
         """This rank's line of the per-rank table."""
@@ -183,20 +190,47 @@ class DistributedSetup(Setup):
             "sent_per_step": float(np.median(self.bytes_sent)) if self.bytes_sent else 0.0,
             "communication_share": sum(self.comm_seconds) / max(sum(self.step_seconds), 1e-12),
             "ms_per_step": 1e3 * float(np.median(self.step_seconds)) if self.step_seconds else float("nan"),
+            "fingerprint": self.fingerprint(), "sharded": self.optimizer.zero,
         }  # fmt: skip
 
 
+# what the fingerprint column covers: what every rank must hold alike (ZeRO: each rank its own masters and moments)
+SHARED_STATE = {False: ("weights", "masters", "moments", "scaler"), True: ("weights", "scaler")}
+IN_WORDS = {"weights": "weights", "masters": "masters", "moments": "optimizer moments", "scaler": "scaler state"}
+
+
+def shared_fingerprint(row: dict[str, Any]) -> str:
+    """One digest of the parts of a rank's fingerprint that every rank must hold alike (8 hex digits)."""
+    parts = "/".join(row["fingerprint"][k] for k in SHARED_STATE[row["sharded"]])
+    return hashlib.sha256(parts.encode("ascii")).hexdigest()[:8]
+
+
+def agreement_in_words(rows: list[dict[str, Any]]) -> list[str]:
+    """Two lines: what the fingerprint covers, and whether the ranks agree (if not, which parts differ where)."""
+    covered = SHARED_STATE[rows[0]["sharded"]]
+    what = ", ".join(IN_WORDS[k] for k in covered[:-1]) + f" and {IN_WORDS[covered[-1]]}"
+    sharded = " (ZeRO: each rank holds its own shard of the masters and moments)" if rows[0]["sharded"] else ""
+    first = rows[0]["fingerprint"]
+    differ = {r["rank"]: [IN_WORDS[k] for k in covered if r["fingerprint"][k] != first[k]] for r in rows[1:]}
+    told = "; ".join(f"rank {rank}: {', '.join(parts)}" for rank, parts in differ.items() if parts)
+    verdict = (f"the ranks DISAGREE with rank 0 ({told}): they no longer train one model" if told else
+               f"the same on every rank ({len(rows)} of them): they hold one model, bit for bit")  # fmt: skip
+    return [f"  fingerprint: SHA-256 of the {what}{sharded};", f"  {verdict}"]
+
+
 def format_ranks(rows: list[dict[str, Any]]) -> str:
-    """The per-rank table rank 0 prints."""
+    """The per-rank table rank 0 prints, with each rank's fingerprint and whether they agree."""
     lines = [f"{'rank':>4}  {'skipped':>7}  {'loss scale':>10}  {'model states held':>17}  {'sent per step':>13}  "
-             f"{'time in collectives':>19}"]  # fmt: skip
+             f"{'time in collectives':>19}  {'fingerprint':>11}"]  # fmt: skip
     for r in rows:
         lines.append(
             f"{r['rank']:>4}  {r['skipped']:>7}  {r['scale']:>10g}  {r['held_bytes'] / 2**10:>13,.0f} KiB  "
-            f"{r['sent_per_step'] / 2**10:>9,.1f} KiB  {100 * r['communication_share']:>18.0f}%"
+            f"{r['sent_per_step'] / 2**10:>9,.1f} KiB  {100 * r['communication_share']:>18.0f}%  "
+            f"{shared_fingerprint(r):>11}"
         )
     lines.append("* held: FP16 weights and gradients, FP32 masters and optimizer state (ZeRO shards the last two);")
-    lines.append("  sent: bytes this rank sends per step (as a ring all-reduce counts them); time: waiting included")
+    lines.append("  sent: bytes this rank sends per step (as a ring all-reduce counts them); time: waiting included;")
+    lines += agreement_in_words(rows)
     return "\n".join(lines)
 
 

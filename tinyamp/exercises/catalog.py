@@ -9,7 +9,7 @@ marker is ``ex5_1``.  Nothing here imports hypothesis: the command builds its pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PACKAGE = "myamp"  # the student's package in a workspace: "my automatic mixed precision"
 
@@ -30,6 +30,9 @@ class Exercise:
     no_float16_casts: bool = False  # the point is to round by hand: no astype(float16), np.float16(x), dtype=float16
     by_hand: str = "do the rounding yourself (build the bits and .view(np.float16) them)"  # what to do instead
     points: int = 1  # what passing it is worth in --json and --format gradescope (failed or not started: 0)
+    # the time a student should expect for writing it, once the reading is done: an estimate for planning a lab
+    # (from the reference solution's size and the traps its grader sets), not a measurement
+    minutes: int = field(kw_only=True)
 
     @property
     def path(self) -> str:
@@ -39,7 +42,7 @@ class Exercise:
     @property
     def first_steps(self) -> str:
         """What to do for an exercise not started: the stub to write, the tutorial to read."""
-        return f"write {self.name} in {self.path}; read {self.tutorial}"
+        return f"write {self.name} in {self.path}; read {self.tutorial} first (then about {self.minutes} minutes)"
 
 
 DEEP = 10
@@ -56,49 +59,50 @@ A1 = "tutorials/A1_inside_the_converters.py"
 EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex1_1", "1.1", "float32 to float16 with one float32 addition", "formats", "round_to_float16",
              "grade_round_to_float16", f"{T1}, section 3; {A1}, sections 2 and 3 (FP32 to FP16 with one addition)", 60,
-             ("tinyamp.rounding", "tinyamp.kernels", "tinyamp.fast", "tinyamp.amp.formats"), no_float16_casts=True),
+             ("tinyamp.rounding", "tinyamp.kernels", "tinyamp.fast", "tinyamp.amp.formats"), no_float16_casts=True,
+             minutes=30),
     Exercise("ex1_2", "1.2", "the ulp of a float16 value", "formats", "float16_ulp", "grade_float16_ulp",
-             f"{T1}, section 5 (The ulp, and the additions that are lost)", 300, ("tinyamp.amp.formats",)),
+             f"{T1}, section 5 (The ulp, and the additions that are lost)", 300, ("tinyamp.amp.formats",), minutes=10),
     Exercise("ex1_3", "1.3", "FP16 x FP16 -> FP32 products, rounded once", "formats", "fp16_matmul",
              "grade_fp16_matmul", f"{T1}, sections 6 and 7 (A product of two FP16 numbers is exact in FP32; Sums)",
              200, ("tinyamp.kernels", "tinyamp.ops", "tinyamp.fast", "tinyamp.cuda", "tinyamp.matmul",
-                   "tinyamp.linear")),
+                   "tinyamp.linear"), minutes=10),
     Exercise("ex2_1", "2.1", "the backward of softmax", "backward", "softmax_backward", "grade_softmax_backward",
              f"{T2}, sections 3 and 4; {T6}, section 2 (exp and softmax)", 60,
-             ("tinyamp.ops", "tinyamp.softmax")),
+             ("tinyamp.ops", "tinyamp.softmax"), minutes=15),
     Exercise("ex2_2", "2.2", "the backward of log_softmax", "backward", "log_softmax_backward",
              "grade_log_softmax_backward", f"{T2}, section 4; {T6}, section 3 (log, and the loss)", 60,
-             ("tinyamp.ops", "tinyamp.log_softmax")),
+             ("tinyamp.ops", "tinyamp.log_softmax"), minutes=10),
     Exercise("ex2_3", "2.3", "the backward of layer_norm", "backward", "layer_norm_backward",
              "grade_layer_norm_backward", f"{T2}, section 4; {T6}, section 5 (Layer norm)", 60,
-             ("tinyamp.ops", "tinyamp.layer_norm")),
+             ("tinyamp.ops", "tinyamp.layer_norm"), minutes=25),
     Exercise("ex4_1", "4.1", "is an update lost? both directions", "master_weights", "update_is_lost",
              "grade_update_is_lost", f"{T1}, section 5; {T4}, section 1 (The 2048x rule, exactly)", 400,
              ("tinyamp.amp.lost_updates", "tinyamp.amp.formats", "tinyamp.kernels"),
              no_float16_casts=True,
              by_hand="decide it with the gaps between float16 values, not by rounding (w's last mantissa bit is the "
-                     "parity of the integer |w| / ulp(w))"),
+                     "parity of the integer |w| / ulp(w))", minutes=25),
     Exercise("ex4_2", "4.2", "the master-weight step, lost updates counted", "master_weights", "master_step",
              "grade_master_step", f"{T4}, sections 2 and 3 (Master weights on one weight, on the MLP)", 100,
-             ("tinyamp.amp", "tinyamp.optim", "tinyamp.kernels")),
+             ("tinyamp.amp", "tinyamp.optim", "tinyamp.kernels"), minutes=15),
     Exercise("ex5_1", "5.1", "the dynamic loss-scale rule (pytorch, jmp)", "loss_scaling", "DynamicLossScaler",
              "grade_dynamic_loss_scaler", f"{T5}, sections 3 and 5 (The dynamic scaler; The published rules)", 60,
-             ("tinyamp.amp",)),
+             ("tinyamp.amp",), minutes=30),
     Exercise("ex5_2", "5.2", "the overflow-skipping step", "loss_scaling", "skip_or_step", "grade_skip_or_step",
              f"{T5}, sections 1 (its paragraph on unscaling), 2 and 4 (Static loss scaling; A real run)",
-             100,
-             ("tinyamp.amp", "tinyamp.kernels")),
+             100, ("tinyamp.amp", "tinyamp.kernels"), minutes=20),
     Exercise("ex5_3", "5.3", "the exactness law: unscale(scale(g)) == g", "loss_scaling", "scaling_is_exact",
-             "grade_scaling_is_exact", f"{T5}, section 1 (Gradients that FP16 cannot hold)", 200, ("tinyamp.amp",)),
+             "grade_scaling_is_exact", f"{T5}, section 1 (Gradients that FP16 cannot hold)", 200, ("tinyamp.amp",),
+             minutes=10),
     Exercise("ex6_1", "6.1", "the autocast decision for an op", "op_policy", "autocast_dtypes",
              "grade_autocast_dtypes", f"{T6}, sections 1 and 7 (The table; Overriding one entry)", 200,
-             ("tinyamp.autocast", "tinyamp.amp.autocast")),
+             ("tinyamp.autocast", "tinyamp.amp.autocast"), minutes=15),
     Exercise("ex7_1", "7.1", "checkpointing: same gradients, lower peak", "checkpointing",
              "checkpoint_segment", "grade_checkpoint_segment", f"{T7}, section 3 (Checkpointing: keep less, compute "
-             "again)", 40, ("tinyamp.checkpoint", "tinyamp.checkpoint_sequential")),
+             "again)", 40, ("tinyamp.checkpoint", "tinyamp.checkpoint_sequential"), minutes=25),
     Exercise("ex9_1", "9.1", "the mean gradient of N ranks, in rank order", "data_parallel",
              "mean_gradient", "grade_mean_gradient", f"{T9}, section 1 (The sum across ranks, and its dtype)", 200,
-             ("tinyamp.distributed",)),
+             ("tinyamp.distributed",), minutes=20),
 )  # fmt: skip
 
 BY_ID = {e.id: e for e in EXERCISES}

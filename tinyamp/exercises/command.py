@@ -96,10 +96,10 @@ def list_exercises(directory: Path | None) -> int:
 
     if directory is not None:
         require_workspace(directory)
-    print(f"{'#':<5}{'exercise':<46}{'points':>6}  {'status' if directory else 'read'}")
-    for e in EXERCISES:
+    print(f"{'#':<5}{'exercise':<46}{'points':>6}{'min':>5}  {'status' if directory else 'read first'}")
+    for e in EXERCISES:  # min: the minutes of work to expect once the reading is done (an estimate)
         last = f"{progress(e, directory):<13} {e.tutorial}" if directory else e.tutorial
-        print(f"{e.number:<5}{e.title:<46}{e.points:>6}  {last}")
+        print(f"{e.number:<5}{e.title:<46}{e.points:>6}{e.minutes:>5}  {last}")
     print(f"\n{FIRST_STEPS}" if directory is None else f"\ngrade them: tinyamp exercises check {directory}")
     return 0
 

@@ -92,7 +92,8 @@ def test_file() -> str:
 def readme(solutions: bool) -> str:
     """The workspace's README: what to do, the exercises, and the tutorial to read for each."""
     rows = "\n".join(
-        f"| {e.number} | `{e.id}` | {e.title} | `{e.path}`: `{e.name}` | {e.tutorial} |" for e in EXERCISES
+        f"| {e.number} | `{e.id}` | {e.title} | `{e.path}`: `{e.name}` | {e.tutorial} | ~{e.minutes} min |"
+        for e in EXERCISES
     )
     what = (
         "These are the **reference solutions** (`tinyamp exercises init --solutions`): every exercise passes."
@@ -117,8 +118,12 @@ grade is yours: importing tinyamp's own implementation of the mechanism fails. E
 is graded in a process of its own on a copy of this folder, with a time limit (60 s,
 `--timeout SECONDS`): an exit, an endless loop or a deleted file fails that exercise only.
 
-| # | marker | exercise | where | read (in the tinyamp repository) |
-|---|---|---|---|---|
+Read first, then write: the last column is the time to expect for writing an exercise once its
+reading is done (an estimate for planning, not a measurement). The tinyamp repository's
+`tutorials/README.md` plans a two-hour lab for each group of tutorials.
+
+| # | marker | exercise | where | read first (in the tinyamp repository) | then write |
+|---|---|---|---|---|---:|
 {rows}
 """
 

@@ -8,7 +8,10 @@
 Each check is a hypothesis property with tinyamp's own implementation (or the format's
 rounding) as the reference; a failure raises AssertionError with the shortest
 counterexample hypothesis finds, in words: "after 3 clean steps and 1 overflow your
-scale is 2048, the pytorch rule says 1024".
+scale is 2048, the pytorch rule says 1024".  The report (pytest's, or a plain traceback)
+starts at your call of the check and shows the values, the rule they break and your own
+line where your code raised, not the frames of tinyamp.testing and hypothesis that found
+them (``counterexamples.reported_at_the_call``).
 
 * ``check_scaler(make_scaler, reference=...)``: a loss-scale rule, step by step, against a preset
   (PyTorch's own ``torch.amp.GradScaler`` through ``tinyamp.testing.pytorch.GradScalerAdapter``);

@@ -26,10 +26,11 @@ from hypothesis.strategies import SearchStrategy
 from tinyamp.autograd import GradientError
 from tinyamp.gradcheck import gradcheck
 from tinyamp.tensor import Tensor
-from tinyamp.testing.counterexamples import array_in_words, check_settings
+from tinyamp.testing.counterexamples import array_in_words, check_settings, reported_at_the_call
 from tinyamp.testing.strategies import float_arrays
 
 
+@reported_at_the_call
 def check_backward(
     fn: Callable[..., Tensor],
     inputs: SearchStrategy[tuple[Any, ...]] | None = None,

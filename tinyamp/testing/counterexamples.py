@@ -8,16 +8,28 @@ overflow your scale is 2048, the rule says 1024", not a dump of arrays.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import math
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
+import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 
 Check = Callable[..., Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+# the frames a failure report leaves out: tinyamp.testing's own, hypothesis's (the machinery that found the
+# counterexample) and contextlib's (blamed's __exit__); the caller's test and the code under test stay
+MACHINERY = tuple(
+    str(Path(f).resolve()) for f in (Path(__file__).parent, Path(hypothesis.__file__).parent, contextlib.__file__)
+)
 
 _SAME_EXAMPLES: contextvars.ContextVar[bool | None] = contextvars.ContextVar("same_examples", default=None)
 
@@ -60,6 +72,46 @@ def check_settings(max_examples: int | None = None, **overrides: Any) -> setting
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
         **overrides,
     )
+
+
+def reported_at_the_call(check: F) -> F:
+    """Make a check's AssertionError read, in pytest and in a plain traceback, as the user's failure.
+
+    The report keeps the message (the values and the rule they break), hypothesis's falsifying
+    example, the line of the user's test that called the check and any frame of the code under
+    test; it drops the frames of tinyamp.testing and hypothesis that found the counterexample,
+    here and in the exceptions chained to it (``blamed``'s cause).  The wrapper's own frame sets
+    ``__tracebackhide__``, which pytest honours.
+    """
+
+    @functools.wraps(check)
+    def reported(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841  (read by pytest from the frame)
+        try:
+            return check(*args, **kwargs)
+        except AssertionError as exc:
+            seen: set[int] = set()
+            chained: BaseException | None = exc
+            while chained is not None and id(chained) not in seen:  # the cause a blamed() call chained, and so on
+                seen.add(id(chained))
+                chained.with_traceback(without_machinery(chained.__traceback__))
+                chained = chained.__cause__ or chained.__context__
+            raise exc  # from this frame, which pytest hides: the report starts at the caller's line
+
+    return reported  # type: ignore[return-value]
+
+
+def without_machinery(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """`tb` without the frames of tinyamp.testing and hypothesis (see MACHINERY)."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for frame in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return rebuilt
 
 
 def number(x: Any) -> str:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from tinyamp.amp.master import MasterWeights
 from tinyamp.optim import SGD
 from tinyamp.tensor import Tensor
-from tinyamp.testing.counterexamples import array_in_words, blamed, check_settings, number
+from tinyamp.testing.counterexamples import array_in_words, blamed, check_settings, number, reported_at_the_call
 from tinyamp.testing.strategies import half_arrays, lost_update_cases, shapes
 
 # Two cases every run checks, whatever hypothesis draws: where the master carries bits below
@@ -52,6 +52,7 @@ KEPT_BUT_LEAVES_W16 = (  # 1 - 0.21875u + 0.625u = 1 + 0.40625u rounds to 1; 1 +
 )
 
 
+@reported_at_the_call
 def check_master_step(step_fn: Callable[..., Any], *, max_examples: int | None = None) -> None:
     """Check `step_fn(w16, master, grad16, lr)` against ``MasterWeights(SGD)``, bit for bit, and its lost count.
 

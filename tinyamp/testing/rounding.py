@@ -26,12 +26,13 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinyamp.testing.counterexamples import blamed, check_settings, number
+from tinyamp.testing.counterexamples import blamed, check_settings, number, reported_at_the_call
 from tinyamp.testing.strategies import format_dtype, rounding_inputs
 
 SIXTEEN_BIT = ("float16", "bfloat16")
 
 
+@reported_at_the_call
 def check_rounding(fn: Callable[[np.ndarray], Any], fmt: str = "float16", *, max_examples: int | None = None) -> None:
     """Check that `fn` rounds float32 arrays to `fmt` ("float16" or "bfloat16") bit for bit.
 

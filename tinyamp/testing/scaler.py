@@ -20,9 +20,11 @@ A hypothesis state machine drives it and ``LossScaler.preset(reference, **settin
 the same flags, one step or hundreds at a time, and compares scale and counter after every
 step.  When they differ the failure says after which steps, what each says, and which law
 the scaler broke: an overflow backs the scale off (to the floor at most) and resets the
-counter; the scale grows after exactly N clean steps; a power-of-two scale stays a power
-of two (when the start and the factors are); the scale never grows to inf; and a scaler
-restored from ``state_dict()`` continues identically.
+counter; the scale grows after exactly N clean steps, and reaching N resets the counter even
+when the growth is refused or clamped; a rule that keeps its scale in float32 (PyTorch's)
+rounds each new scale to float32; a power-of-two scale stays a power of two (when the start
+and the factors are); the scale never grows to inf; and a scaler restored from
+``state_dict()`` continues identically.
 """
 
 from __future__ import annotations
@@ -32,17 +34,19 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from tinyamp.amp.presets import PRESETS
 from tinyamp.amp.scaler import LossScaler
-from tinyamp.testing.counterexamples import blamed, check_settings, flags_in_words, number
+from tinyamp.testing.counterexamples import blamed, check_settings, flags_in_words, number, reported_at_the_call
 from tinyamp.testing.strategies import scaler_settings
 
 LONGEST_RUN = 300  # flags in one rule: from 2^-30 to float32's ceiling is 157 growths
 
 
+@reported_at_the_call
 def check_scaler(
     make_scaler: Callable[..., Any],
     reference: str = "pytorch",
@@ -75,19 +79,41 @@ def _is_power_of_two(x: float) -> bool:
 
 
 def broken_law(settings: dict[str, Any], reference: str, found_inf: bool, before: float, after: float,
-               tracker: int | None, rule_event: str) -> str:  # fmt: skip
-    """The law of loss scaling that the step `before` -> `after` breaks, in words ("" if none is named)."""
-    if not math.isfinite(after):
-        return "the scale must never grow to inf (refuse that growth and keep the scale, as PyTorch does)"
+               tracker: int | None, rule_event: str, *, expected_tracker: int | None = None,
+               scale_dtype: str = "float64") -> str:  # fmt: skip
+    """The law of loss scaling that the step `before` -> `after` breaks, in words ("" if none is named).
+
+    `rule_event` and `expected_tracker` are the reference rule's for this step; `scale_dtype` is the
+    dtype the rule keeps its scale in (float32 for PyTorch's, whose scale is a float32 tensor).
+    """
+    interval = settings["growth_interval"]
+    in_float32 = scale_dtype == "float32"
+    with np.errstate(over="ignore"):  # a scale from 2^128 up is inf in float32: the law below says so
+        after_in_float32 = float(np.float32(after))
+    if not math.isfinite(after) or (in_float32 and not math.isfinite(after_in_float32)):
+        return "the scale must never grow to inf (refuse that growth and keep the scale, as PyTorch does)" + (
+            "; the scale is a float32 value, and float32's largest is just below 2^128" if in_float32 else ""
+        )
     if found_inf and tracker not in (None, 0):
         return "the counter must go back to 0 on an overflow"
     if found_inf and after >= before and rule_event != "hit_floor":
         return "every overflow must back the scale off"
-    interval = settings["growth_interval"]
+    if in_float32 and after != before and after_in_float32 != after:
+        factor = settings["backoff_factor" if found_inf else "growth_factor"]
+        return (f"the {reference} rule keeps its scale in float32, so each new scale is rounded to float32 "
+                f"({number(before)} * {number(factor)} rounds to {number(np.float32(before * factor))})")  # fmt: skip
     if not found_inf and rule_event == "held" and after != before:
         return f"the scale grows only after exactly growth_interval={interval} clean steps in a row"
     if not found_inf and rule_event == "grew" and after == before:
         return f"after growth_interval={interval} clean steps in a row the scale must grow"
+    if not found_inf and tracker is not None and expected_tracker is not None and tracker != expected_tracker:
+        if rule_event == "hit_ceiling":
+            return (f"when the counter reaches growth_interval={interval} it goes back to 0, even when the growth is "
+                    "refused (the grown scale would be inf) or clamped to max_scale, as PyTorch does")  # fmt: skip
+        if rule_event == "grew":
+            return f"when the counter reaches growth_interval={interval} the scale grows and the counter goes back to 0"
+        return (f"a clean step adds 1 to the counter first and then compares it with growth_interval={interval}; "
+                "it goes back to 0 only then, or on an overflow")  # fmt: skip
     powers = [settings["init_scale"], settings["growth_factor"], settings["backoff_factor"]]
     if reference != "chainer" and all(_is_power_of_two(v) for v in powers):
         if after != 0 and not _is_power_of_two(after):
@@ -166,7 +192,8 @@ def _scaler_machine(
                 return
             when = "before any step" if not self.flags else f"after {flags_in_words(self.flags)}"
             law = "" if found_inf is None else broken_law(self.settings, reference, found_inf, before, scale,
-                                                           tracker, event)  # fmt: skip
+                                                           tracker, event, expected_tracker=expected_tracker,
+                                                           scale_dtype=self.rule.scale_dtype)  # fmt: skip
             law = f": {law}" if law else ""
             raise AssertionError(f"{when} {' and '.join(wrong)}{law} (settings: {settings_in_words(self.settings)})")
 

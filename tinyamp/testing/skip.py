@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from tinyamp import kernels
 from tinyamp.optim import SGD, Adam
 from tinyamp.tensor import Tensor
-from tinyamp.testing.counterexamples import blamed, check_settings, number
+from tinyamp.testing.counterexamples import blamed, check_settings, number, reported_at_the_call
 from tinyamp.testing.strategies import shapes
 
 OPTIMIZERS = {
@@ -42,6 +42,7 @@ OPTIMIZERS = {
 }
 
 
+@reported_at_the_call
 def check_skip(step_fn: Callable[[Any, float], Any], *, max_examples: int | None = None) -> None:
     """Check that `step_fn(optimizer, scale)` skips every overflowed step and takes every clean one exactly.
 

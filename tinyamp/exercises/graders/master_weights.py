@@ -88,10 +88,19 @@ def check_one_update(update_is_lost: Callable[[float, float], bool], weight: flo
             f"{about} yours says {yours}, expected {expected}: the float32 sum {number(total)} rounds to "
             f"{number(rounded)} in float16 (half the gap from the weight to its neighbour "
             f"{'above' if direction > 0 else 'below'} is {number(half_gap(weight, direction))}; "
-            + ("the sum is exactly halfway: a tie, which goes to the even neighbour)" if tie else "a tie goes "
-               "to the even neighbour)")
+            + (f"the sum is exactly halfway: a tie, which goes to the even neighbour; {last_bit_in_words(weight)})"
+               if tie else "a tie goes to the even neighbour)")
             + (f"; the weight is {binade_in_words(weight)}" if weight != 0 else "")
         )  # fmt: skip
+
+
+def last_bit_in_words(weight: float) -> str:
+    """The weight's last mantissa bit read as 4.1's docstring reads it, from the parity of |w| / ulp(w):
+    "|w| / ulp(w) = 1025, odd: the weight's last mantissa bit is 1, so the tie leaves it"."""
+    in_ulps = int(abs(weight) / formats.ulp(weight, "float16"))  # a whole number below 2^11: exact
+    if in_ulps % 2:
+        return f"|w| / ulp(w) = {in_ulps}, odd: the weight's last mantissa bit is 1, so the tie leaves it"
+    return f"|w| / ulp(w) = {in_ulps}, even: the weight's last mantissa bit is 0, so the tie keeps it"
 
 
 # a step whose float32 arithmetic shows: float32(1e-4) * 1.5 rounds to 1.4999999e-4 in float32, while the

@@ -54,6 +54,8 @@ def checkpoint_segment(segment: Callable[[Tensor], Tensor], x: Tensor, params: S
     for memory that no longer grows with the segment's depth.
 
     Read: tutorials/07_memory_and_checkpointing.py, section 3 (Checkpointing: keep less, compute again).
+
+    Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     params = list(params)
     return CheckpointedSegment.apply(x, *params, segment=segment, params=params)

@@ -30,6 +30,8 @@ class DynamicLossScaler:
 
     Read: tutorials/05_loss_scaling.py, sections 3 (the dynamic scaler, one transition at a
     time) and 5 (the published rules, side by side).
+
+    Time: about 30 minutes of work once the reading is done (an estimate, for planning a lab).
     """
 
     def __init__(
@@ -94,6 +96,8 @@ def skip_or_step(optimizer: Any, scale: float) -> bool:
 
     Read: tutorials/05_loss_scaling.py, sections 1 (the paragraph on unscaling), 2 (static
     loss scaling, and the skip) and 4 (a real run: the sawtooth).
+
+    Time: about 20 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     inverse = np.float32(1.0 / scale)
     finite = True
@@ -124,6 +128,8 @@ def scaling_is_exact(g: np.ndarray, k: int) -> np.ndarray:
     protects small gradients.
 
     Read: tutorials/05_loss_scaling.py, section 1 (Gradients that FP16 cannot hold).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     scaled = g.astype(np.float64) * 2.0**k  # exact: float64 has 53 bits and a wide exponent
     return (np.abs(scaled) <= 65504.0) & (np.mod(scaled, 2.0**-24) == 0)

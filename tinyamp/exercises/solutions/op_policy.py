@@ -27,6 +27,8 @@ def autocast_dtypes(
       computation asked for its precision on purpose.
 
     Read: tutorials/06_the_op_policy.py, sections 1 (The table) and 7 (Overriding one entry).
+
+    Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     rule = {**DEFAULT_POLICY, **(overrides or {})}.get(op)
     if rule in ("lower", "lower_fp32_out"):

@@ -20,6 +20,8 @@ def softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
 
     Read: tutorials/02_autograd_from_the_inside.py, sections 3 and 4 (one op read from the
     source; checking a backward); tutorials/06_the_op_policy.py, section 2 (why softmax stays in FP32).
+
+    Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 2.1: the backward of softmax")
 
@@ -35,6 +37,8 @@ def log_softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
 
     Read: tutorials/02_autograd_from_the_inside.py, section 4; tutorials/06_the_op_policy.py,
     section 3 (log, and the loss: why log_softmax is computed without forming softmax).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 2.2: the backward of log_softmax")
 
@@ -53,5 +57,7 @@ def layer_norm_backward(xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> np
 
     Read: tutorials/02_autograd_from_the_inside.py, section 4; tutorials/06_the_op_policy.py,
     section 5 (Layer norm: why its variance stays in FP32).
+
+    Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 2.3: the backward of layer_norm")

@@ -32,5 +32,7 @@ def checkpoint_segment(segment: Callable[[Tensor], Tensor], x: Tensor, params: S
     for memory that no longer grows with the segment's depth.
 
     Read: tutorials/07_memory_and_checkpointing.py, section 3 (Checkpointing: keep less, compute again).
+
+    Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 7.1: checkpointing: same gradients, lower peak")

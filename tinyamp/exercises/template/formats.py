@@ -22,15 +22,22 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     Math: adding |x| to a much larger B rounds |x| to the ulp of B.  For 2^E <= |x| < 2^(E+1)
     float16's ulp is 2^(E-10), and float32's ulp at B = 2^(E+13) is 2^(E+13-23): the same, so
     ``(|x| + B) - B``, in float32, is |x| rounded to float16 by the hardware's own round to
-    nearest, ties to even.  Below 2^-14 float16's ulp stays 2^-24: there B = 2^-1.  The bits
-    of that float32 value r, rounded: for r >= 2^-14 shift the float32 bits right by 13 and
-    subtract 112 << 10 (the exponent bias 127 becomes 15); below, the bits are r / 2^-24.
+    nearest, ties to even.  Below 2^-14 float16's ulp stays 2^-24: there B = 2^-1.  B itself
+    overflows float32 from |x| = 2^115 on (E + 13 = 128): B is inf and (|x| + B) - B is NaN,
+    so do not trust those lanes (replace them, as below) or bound E (at 15) before building B.
+    The bits of that float32 value r, rounded: for r >= 2^-14 shift the float32 bits right by
+    13 and subtract 112 << 10 (the exponent bias 127 becomes 15); below, the bits are
+    r / 2^-24.  (Appendix A1 reads them off the sum s = |x| + B instead, B not subtracted:
+    (s >> 13) + (s & 0x1FFF) - (126 << 10).  The same arithmetic: s's exponent is 13 above r's,
+    and its low 13 bits count r in ulps with the implicit bit, so 126 = 112 + 13 + 1.)
     Then the sign (bit 15 of float16); |x| >= 65520 (65504 plus half an ulp) gives inf
     (0x7C00), a NaN gives a NaN (0x7E00).  r = 65536 comes out as 0x7C00 by itself.
 
     Read: tutorials/01_number_formats.py, section 3 (Rounding: to nearest, ties to even);
     tutorials/A1_inside_the_converters.py, sections 2 and 3 (FP32 to FP16 with one addition;
     reading the FP16 bits off the sum).
+
+    Time: about 30 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 1.1: float32 to float16 with one float32 addition")
 
@@ -47,6 +54,8 @@ def float16_ulp(x: float) -> float:
     the subnormals are evenly spaced: the ulp is 2^-24 there, and for 0 too.
 
     Read: tutorials/01_number_formats.py, section 5 (The ulp, and the additions that are lost).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 1.2: the ulp of a float16 value")
 
@@ -65,5 +74,7 @@ def fp16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Read: tutorials/01_number_formats.py, sections 6 (a product of two FP16 numbers is exact in
     FP32) and 7 (sums: accumulate in FP32, round once).
+
+    Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 1.3: FP16 x FP16 -> FP32 products, rounded once")

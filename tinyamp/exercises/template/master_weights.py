@@ -22,15 +22,19 @@ def update_is_lost(weight: float, update: float) -> bool:
     Math: let d = float32(weight + update) - weight, what the sum moved.  The sum rounds back
     to w when |d| is below half the gap from w to its neighbour *in the direction of d*; at
     exactly half (a tie) it goes to the even neighbour, so it stays when w's last mantissa
-    bit is 0.  That bit is the parity of the integer |w| / ulp(w) (exact in float64): no
-    conversion needed.  The gap is one ulp of w (2^(k-10) for 2^k <= |w| < 2^(k+1), 2^-24
-    below 2^-14), except toward zero from a power of two 2^k with k > -14, where the values
-    below are half an ulp apart.  2^-14 itself, the smallest normal, is not such a power:
-    the subnormals below it are 2^-24 apart, one full ulp.  So w = 1 loses +2^-11 (a tie,
-    and 1 is even) but not -2^-11.
+    bit is 0.  That bit is the parity of the integer q = |w| / ulp(w), the last bit of w
+    counted in ulps: q < 2^11 and ulp(w) is a power of two, so the division is exact in float32
+    and in float64, and ``q % 2`` reads the bit with no conversion (w = 1 + 2^-10: q = 1025,
+    odd).  The gap is one ulp of w (2^(k-10) for 2^k <= |w| < 2^(k+1), 2^-24 below 2^-14),
+    except toward zero from a power of two 2^k with k > -14 (2^-14 excluded), where the values
+    below are half an ulp apart.  2^-14 itself, the smallest normal, is not such a power: the
+    subnormals below it are 2^-24 apart, one full ulp.  So w = 1 loses +2^-11 (a tie, and
+    q = 1024 is even) but not -2^-11.
 
     Read: tutorials/01_number_formats.py, section 5; tutorials/04_fp32_master_weights.py,
     section 1 (The 2048x rule, exactly).
+
+    Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 4.1: is an update lost? both directions")
 
@@ -56,5 +60,7 @@ def master_step(
 
     Read: tutorials/04_fp32_master_weights.py, sections 2 and 3 (master weights on one
     weight, then on the digits MLP).
+
+    Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 4.2: the master-weight step, lost updates counted")

@@ -30,5 +30,7 @@ def autocast_dtypes(
       computation asked for its precision on purpose.
 
     Read: tutorials/06_the_op_policy.py, sections 1 (The table) and 7 (Overriding one entry).
+
+    Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
     raise NotImplementedError("Exercise 6.1: the autocast decision for an op")
