@@ -419,7 +419,7 @@ def always_step(optimizer: Any, scale: float) -> bool:
 
 def reference_step_flags_only(optimizer: Any, scale: float) -> bool:
     for p in optimizer.params:
-        kernels.multiply_(p.grad, 1.0 / scale)
+        kernels.multiply_and_sum_squares_(p.grad, 1.0 / scale)
     return not all(np.isfinite(p.grad).all() for p in optimizer.params)
 
 

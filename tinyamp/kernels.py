@@ -3,7 +3,8 @@
 Ops, optimizers and the loss scaler do the array work that needs more than NumPy's own
 operators here: casts between float widths, the 16-bit add, ReLU, the Tensor Core product,
 sums of rows, scatter-adds, unscaling.  Each body is the reference, written to be read (GELU,
-softmax, layer norm and cross-entropy keep theirs beside their ops, and come here by ``call``).
+softmax, layer norm, cross-entropy and the loss scaler's whole step keep theirs beside their
+code, and come here by ``call``).
 
 The engine room gives the same bits faster, or on a GPU: ``tinyamp.fast`` and
 ``tinyamp.cuda`` ``register`` implementations under a kernel's name (``tinyamp/__init__.py``
@@ -147,14 +148,14 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
         get_array_module(target).add.at(target, index, values)
 
 
-def multiply_(g: Any, factor: float) -> Any:
-    """``g *= factor`` in place (unscaling: factor 1/S); returns sum(g^2) as a 0-d float64 array.
+def multiply_and_sum_squares_(g: Any, factor: float) -> Any:
+    """``g *= factor`` in place (unscaling: factor 1/S; clipping), then sum(g^2) as a 0-d float64 array.
 
     The product is computed in float32 at least and rounded once into g's dtype.  For
     1/S with S a power of two it only shifts exponents: exact, unless a result overflows or
     falls among the subnormals.  The sum is inf or NaN when g is not finite: the overflow check.
     """
-    result = _faster("multiply_", g, factor)
+    result = _faster("multiply_and_sum_squares_", g, factor)
     if result is NotImplemented:
         compute = dtypes.accumulation_dtype(g.dtype)
         if factor != 1.0:
@@ -167,46 +168,25 @@ def multiply_(g: Any, factor: float) -> Any:
     return result
 
 
-def step_on_device(optimizer: Any, inverse_scale: float) -> Any:
-    """A whole loss-scaler step where the gradients are (cuda/scaler_step.py): unscale, check, update or skip.
-
-    No reference body: on the host ``LossScaler.step`` does it.  Returns ``({name: not finite}, [sums of squares])``."""
-    return _faster("step_on_device", optimizer, inverse_scale)
-
-
-_ROW = 1 << 10  # float32 values summed per BLAS dot
-_CHUNK = 1 << 16  # float64 values per piece: a cache-sized copy, not one of the whole gradient
-
-
 def sum_of_squares(g: Any) -> Any:
     """sum(g^2) as a 0-d float64 array on g's device (the global gradient norm is built from these).
 
-    Summed in float64, where a float32 square is exact; but a large float32 gradient is cut
-    into rows of 1024 values, whose squares one float32 BLAS dot sums without widening them
-    (each row's sum off by at most about 1024 * 2^-24 = 6e-5 of itself; PyTorch sums whole
-    tensors in float32), and only the rows are added in float64.  A total that is not finite
-    is summed again in float64: a finite gradient never reports an infinite norm.
+    Summed in float64, where a float32 square is exact, a piece of 65536 values at a time (a
+    cache-sized copy, not one of the whole gradient).  The engine room may sum float32 rows in
+    float32 first, within a bound its docstring states (tinyamp/fast/sums.py).
     """
     result = _faster("sum_of_squares", g)
-    if result is not NotImplemented:
-        return result
-    xp, flat = get_array_module(g), g.ravel()
-    with np.errstate(over="ignore", invalid="ignore"):
-        if flat.dtype == np.float32 and flat.size > _CHUNK and xp is np:
-            whole = flat.size - flat.size % _ROW
-            rows, tail = flat[:whole].reshape(-1, _ROW), flat[whole:].astype(np.float64)
-            total = np.vecdot(rows, rows).sum(dtype=np.float64) + np.dot(tail, tail)
-            if np.isfinite(total):
-                return total
-        total = xp.zeros((), np.float64)
-        for start in range(0, flat.size, _CHUNK):
-            piece = flat[start : start + _CHUNK].astype(np.float64)
-            total += xp.dot(piece, piece)
-        return total
+    if result is NotImplemented:
+        xp, flat, result = get_array_module(g), g.ravel(), get_array_module(g).zeros((), np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for start in range(0, flat.size, 1 << 16):
+                piece = flat[start : start + (1 << 16)].astype(np.float64)
+                result += xp.dot(piece, piece)
+    return result
 
 
 KERNELS = (
     "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm",
     "layer_norm_backward", "cross_entropy", "cross_entropy_backward", "product", "sum_rows", "scatter_add",
-    "multiply_", "sum_of_squares", "step_on_device",
+    "multiply_and_sum_squares_", "sum_of_squares", "scaled_step",
 )  # fmt: skip

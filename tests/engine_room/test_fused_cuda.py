@@ -132,8 +132,8 @@ def test_on_the_cpu_the_scaler_steps_on_the_host() -> None:
     model = nn.MLP([3, 2]).half()
     masters = MasterWeights(optim.SGD(model.parameters(), lr=0.1), track_lost_updates=False)
     model(ta.tensor(np.ones((1, 3), np.float16))).sum().backward()
-    assert scaler_step.step_on_device(masters, 1.0) is NotImplemented
-    assert kernels.step_on_device(masters, 1.0) is NotImplemented
+    assert scaler_step.scaled_step(masters, 1.0) is NotImplemented
+    assert kernels._faster("scaled_step", masters, 1.0) is NotImplemented
 
 
 @needs_cuda
@@ -270,8 +270,9 @@ def kernels_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return launched
 
 
-def short_run(name: str, poison_step: int | None) -> tuple[list[bytes], list[Any], list[Any]]:
-    """Four mixed-precision steps of a small MLP (one poisoned with an inf); weights, reports, final state."""
+def short_run(name: str, poison_step: int | None, clip: float | None = None) -> tuple[list[bytes], list, list]:
+    """Four mixed-precision steps of a small MLP (one poisoned with an inf; unscaled and clipped to `clip`
+    before each step if given); weights, reports, final state."""
     ta.manual_seed(0)
     rng = np.random.default_rng(0)
     model = nn.MLP([12, 16, 5]).half()
@@ -286,6 +287,9 @@ def short_run(name: str, poison_step: int | None) -> tuple[list[bytes], list[Any
         scaler.scale_loss(loss).backward()
         if step == poison_step:
             model.parameters()[0].grad[0, 0] = np.inf
+        if clip is not None:
+            scaler.unscale_(opt)
+            scaler.clip_grad_norm_(opt, clip)
         reports.append(scaler.step(opt))
     weights = [p.data.tobytes() for p in opt.model_params + opt.master_params]
     state = [(opt.optimizer.step_count, sorted(s)) for s in opt.optimizer.state]
@@ -307,6 +311,18 @@ def test_the_gpu_path_decides_skips_on_the_device_and_matches_the_cpu_path(
     assert gpu_style == cpu_style
     if poison_step is not None:
         assert gpu_style[1][poison_step][0]  # the poisoned step was skipped
+
+
+@pytest.mark.parametrize("poison_step", [None, 1])
+def test_after_unscale_and_clipping_the_step_reads_the_gathered_gradients_on_the_host(
+    kernels_on_numpy: list[str], monkeypatch: pytest.MonkeyPatch, poison_step: int | None
+) -> None:
+    """unscale_ has gathered the float32 gradients and clipping wrote to them: the fused step must not apply."""
+    gpu_style = short_run("adamw", poison_step, clip=0.05)
+    assert "scaled squares" not in kernels_on_numpy and "adam from float16" not in kernels_on_numpy
+    assert kernels_on_numpy.count("multiply") >= 4  # unscale_ on the GPU kernels, and clipping
+    monkeypatch.undo()
+    assert gpu_style == short_run("adamw", poison_step, clip=0.05)
 
 
 def test_a_mixed_precision_run_of_the_demo_goes_through_every_gpu_path(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -99,7 +100,6 @@ class LossScaler:
         self._phase = "ready"
         self._step_just_updated = False  # step() ran and no scale_loss since: update() now would update twice
         self._unscaled_optimizer: int | None = None
-        self._unscale_flags: dict[str, bool] = {}
         self._grad_norm = math.nan
         self.last_report: StepReport | None = None
 
@@ -197,63 +197,55 @@ class LossScaler:
         a power of two, maybe an ulp from it otherwise (S = 3).  In float32 at least, rounded once into the
         gradient's dtype; FP32 masters gather (widen) their gradients first.  Once per step, before clipping.
         """
+        self._check_can_unscale(optimizer)
+        nonfinite, sums = self._unscale(optimizer, 1.0 / self._scale)  # exact for a power of two
+        self._grad_norm = math.sqrt(math.fsum(sums))
+        self._phase, self._unscaled_optimizer = "unscaled", id(optimizer)
+        return dict(nonfinite)
+
+    def _unscale(self, optimizer: Any, inverse: float) -> tuple[dict[str, bool], list[float]]:
+        """Multiply each gradient by `inverse` (1 only checks): ``{name: not finite}`` and the sums of squares."""
         params, names = scaler_checks.optimizer_params(optimizer)
-        self._check_can_unscale()
-        if hasattr(optimizer, "gather_grads"):
-            optimizer.gather_grads()
+        if hasattr(optimizer, "gather_grads") and self._phase != "unscaled":
+            optimizer.gather_grads()  # FP32 masters: widened, exactly, once a step, before unscaling
         present = [(name, p.grad) for p, name in zip(params, names) if p.grad is not None]
         if not present:
             raise ScalerOrderError(
                 f"no parameter of the optimizer has a gradient at step {self._step_count}: call .backward() "
                 "on the scaled loss before unscale_ or step"
             )
-        inverse = 1.0 / self._scale  # exact for a power of two; multiply_ rounds it to float32
-        sums = backend.host_floats([kernels.multiply_(g, inverse) for _, g in present])  # one read per device
+        # kernels.multiply_and_sum_squares_ rounds `inverse` to float32; one read per device brings every sum.
+        sums = backend.host_floats([kernels.multiply_and_sum_squares_(g, inverse) for _, g in present])
         # The check: an inf or NaN makes its sum of squares inf or NaN.  (A float64 gradient's
         # square can overflow from a finite value above 1e154: that sum is checked element-wise.)
         finite = [math.isfinite(s) or bool(get_array_module(g).isfinite(g).all()) for s, (_, g) in zip(sums, present)]
-        self._finish_unscale(optimizer, {name: not ok for (name, _), ok in zip(present, finite)}, sums)
-        return dict(self._unscale_flags)
+        return {name: not ok for (name, _), ok in zip(present, finite)}, sums
 
     def step(self, optimizer: Any) -> StepReport:
-        """Unscale (if not done yet), then call ``optimizer.step()`` only if every gradient is finite.
+        """Check, then skip or step, then update the scale: ``optimizer.step()`` runs only if every gradient is finite.
 
-        An overflowed step changes no weight and no optimizer state: it is reported in the
-        returned StepReport (also ``last_report``) and in ``history``.  Then the scale is
-        updated and the phase returns to "ready".  Unlike PyTorch, stepping without
-        ``scale_loss`` in this step is an error (except in mode "off"): the gradients would be
-        divided by a scale they were never multiplied by.
+        The check unscales first unless ``unscale_`` did (then it checks again: clipping or user code may
+        have written to the gradients since).  An overflowed step changes no weight and no optimizer
+        state: it is reported in the returned StepReport (also ``last_report``) and in ``history``.
+        Unlike PyTorch, stepping without ``scale_loss`` in this step is an error (except in mode "off"):
+        the gradients would be divided by a scale they were never multiplied by.  The engine room may
+        run check and step at once (``kernels.call``; on a GPU the device decides the skip itself):
+        the same bits and the same skipped steps as the reference, ``_unscale_and_step``.
         """
-        params, names = scaler_checks.optimizer_params(optimizer)
-        if self._phase == "ready" and self.rule.mode != "off":
-            raise ScalerOrderError(
-                f"scale_loss was not called at step {self._step_count}: stepping would read gradients that "
-                f"were never scaled as if they had been scaled by {self._scale:g}. Call "
-                "scaler.scale_loss(loss).backward() first (or use mode='off' to train without scaling)"
-            )
-        stepped = False
-        if self._phase == "unscaled":  # clipping or user code may have written to the gradients since: check again
-            self._check_same_optimizer(optimizer, "step")
-            grads = [(name, p.grad) for p, name in zip(params, names) if p.grad is not None]
-            finite = backend.host_floats([get_array_module(g).isfinite(g).all() for _, g in grads])
-            self._unscale_flags = {name: ok != 1.0 for (name, _), ok in zip(grads, finite)}
-            if not all(finite):
-                self._grad_norm = _global_norm([g for _, g in grads])
-        else:
-            on_device = kernels.step_on_device(optimizer, 1.0 / self._scale)  # a GPU decides the skip itself
-            if on_device is NotImplemented:
-                self.unscale_(optimizer)
-            else:
-                self._finish_unscale(optimizer, *on_device)
-                stepped = True
-        nonfinite = [name for name, bad in self._unscale_flags.items() if bad]
-        if not nonfinite and not stepped:
-            optimizer.step()  # the skip is this line not running: no weight, no moment changes
-        return self._finish_step(nonfinite)
+        self._check_can_step(optimizer)
+        again = self._phase == "unscaled"  # unscale_ ran: multiplying by 1 only checks again
+        inverse = 1.0 if again else 1.0 / self._scale
+        nonfinite, sums = kernels.call("scaled_step", self._unscale_and_step, optimizer, inverse)
+        if not again or any(nonfinite.values()):  # else unscale_'s norm stands: the one before clipping
+            self._grad_norm = math.sqrt(math.fsum(sums))
+        return self._finish_step([name for name, bad in nonfinite.items() if bad])
 
-    def _finish_unscale(self, optimizer: Any, nonfinite: dict[str, bool], sums: list[float]) -> None:
-        self._unscale_flags, self._grad_norm = nonfinite, math.sqrt(math.fsum(sums))
-        self._phase, self._unscaled_optimizer = "unscaled", id(optimizer)
+    def _unscale_and_step(self, optimizer: Any, inverse: float) -> tuple[dict[str, bool], list[float]]:
+        """The reference of the kernel "scaled_step": unscale and check, then step only if every gradient is finite."""
+        nonfinite, sums = self._unscale(optimizer, inverse)
+        if not any(nonfinite.values()):
+            optimizer.step()  # the skip is this line not running: no weight, no moment changes
+        return nonfinite, sums
 
     def _finish_step(self, nonfinite: list[str]) -> StepReport:
         scale_before = self._scale
@@ -273,8 +265,7 @@ class LossScaler:
         PyTorch the gradients are multiplied by max_norm / (norm + 1e-6) when that is below 1.
         """
         params, _ = scaler_checks.optimizer_params(optimizer)
-        if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool) or not max_norm > 0:
-            raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")
+        check_max_norm(max_norm)
         if self._phase != "unscaled":
             raise ScalerOrderError(
                 f"clip_grad_norm_ at step {self._step_count} (phase {self._phase!r}) would be reading scaled "
@@ -283,17 +274,12 @@ class LossScaler:
         self._check_same_optimizer(optimizer, "clip_grad_norm_")
         if hasattr(optimizer, "clip_grad_norm_"):  # its gradient is sharded over processes (DataParallel):
             self._grad_norm = optimizer.clip_grad_norm_(max_norm)  # only it can sum the norm over all of them
-            return self._grad_norm
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = _global_norm(grads)
-        coefficient = float(max_norm) / (norm + 1e-6)
-        if math.isfinite(norm) and coefficient < 1.0:
-            for g in grads:
-                kernels.multiply_(g, coefficient)
-        self._grad_norm = norm
-        return norm
+        else:
+            self._grad_norm = clip_by_global_norm_([p.grad for p in params if p.grad is not None], max_norm)
+        return self._grad_norm
 
-    def _check_can_unscale(self) -> None:
+    def _check_can_unscale(self, optimizer: Any) -> None:
+        scaler_checks.optimizer_params(optimizer)  # an object that is not an optimizer: one sentence saying so
         if self._phase == "unscaled":
             raise ScalerOrderError(
                 f"gradients were already unscaled at step {self._step_count}; call unscale_ once per step, "
@@ -304,6 +290,17 @@ class LossScaler:
                 f"scale_loss was not called at step {self._step_count}: there is nothing to unscale. "
                 "Call scaled = scaler.scale_loss(loss); scaled.backward() first"
             )
+
+    def _check_can_step(self, optimizer: Any) -> None:
+        scaler_checks.optimizer_params(optimizer)
+        if self._phase == "ready" and self.rule.mode != "off":
+            raise ScalerOrderError(
+                f"scale_loss was not called at step {self._step_count}: stepping would read gradients that "
+                f"were never scaled as if they had been scaled by {self._scale:g}. Call "
+                "scaler.scale_loss(loss).backward() first (or use mode='off' to train without scaling)"
+            )
+        if self._phase == "unscaled":
+            self._check_same_optimizer(optimizer, "step")
 
     def _check_same_optimizer(self, optimizer: Any, method: str) -> None:
         if self._unscaled_optimizer != id(optimizer):
@@ -396,6 +393,27 @@ class LossScaler:
             )
 
 
-def _global_norm(grads: list[Any]) -> float:
+def global_norm(grads: list[Any]) -> float:
     """The L2 norm of all the gradients together (inf or nan when one is not finite), with one read per device."""
     return math.sqrt(math.fsum(backend.host_floats([kernels.sum_of_squares(g) for g in grads])))
+
+
+def clip_by_global_norm_(grads: list[Any], max_norm: float, norm_of: Callable[[], float] | None = None) -> float:
+    """Multiply `grads` in place by max_norm / (norm + 1e-6) when that is below 1 (PyTorch's rule); return the norm.
+
+    The norm is ``global_norm(grads)``, or ``norm_of()`` where the gradients are sharded over processes
+    (DataParallel sums it over every rank).  A norm that is not finite changes nothing: step() will skip.
+    """
+    check_max_norm(max_norm)
+    norm = global_norm(grads) if norm_of is None else norm_of()
+    coefficient = float(max_norm) / (norm + 1e-6)
+    if math.isfinite(norm) and coefficient < 1.0:
+        for g in grads:
+            kernels.multiply_and_sum_squares_(g, coefficient)  # rounded once into g's dtype; the sum is not needed
+    return norm
+
+
+def check_max_norm(max_norm: Any) -> None:
+    """A ValueError in one sentence unless `max_norm` is a real number above 0."""
+    if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool) or not max_norm > 0:
+        raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")

@@ -22,9 +22,9 @@ from tinyamp.cuda import fused_ops, gemm, scaler_step, scatter, unscale
 IMPLEMENTATIONS = {
     "product": gemm.product,
     "sum_rows": gemm.sum_rows,
-    "multiply_": unscale.multiply_,
+    "multiply_and_sum_squares_": unscale.multiply_and_sum_squares_,
     "sum_of_squares": unscale.sum_of_squares,
-    "step_on_device": scaler_step.step_on_device,
+    "scaled_step": scaler_step.scaled_step,
     "scatter_add": scatter.scatter_add,
     "relu": fused_ops.relu,
     "relu_backward": fused_ops.relu_backward,

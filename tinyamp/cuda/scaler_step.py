@@ -1,7 +1,8 @@
 """Engine room: a whole loss-scaler step on the GPU, with the skip decided on the device.
 
-On the host (``LossScaler.step``) a step unscales the gradients, reads whether they are
-finite, and then calls the optimizer or skips it.  On a GPU that read makes the host wait
+``LossScaler.step`` runs its step through ``kernels.call("scaled_step", ...)``: its reference
+(``LossScaler._unscale_and_step``) unscales the gradients, reads whether they are finite, and
+then calls the optimizer or skips it.  On a GPU that read makes the host wait
 for the device before it can launch the update.  So here, for FP32 master weights whose
 every update has a fused kernel (master_update.py):
 
@@ -26,12 +27,11 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.amp.master import MasterWeights
 from tinyamp.cuda import master_update, unscale
 
 
-def step_on_device(optimizer: Any, inverse: float) -> Any:
-    """``tinyamp.kernels.step_on_device``: ``({name: not finite}, [sums of squares])``, or NotImplemented."""
+def scaled_step(optimizer: Any, inverse: float) -> Any:
+    """Kernel ``scaled_step``: ``({name: not finite}, [sums of squares])``, stepped or skipped; or NotImplemented."""
     if not _applies(optimizer):
         return NotImplemented
     present = [(i, name, p.grad) for i, (name, p) in enumerate(zip(optimizer.names, optimizer.model_params))
@@ -54,13 +54,17 @@ def step_on_device(optimizer: Any, inverse: float) -> Any:
 
 
 def _applies(optimizer: Any) -> bool:
-    """FP32 master weights over SGD or Adam(W), every parameter with its own master, lost updates not
-    tracked (that measure reads the host), and every gradient a float16 or float32 CuPy array."""
-    if not isinstance(optimizer, MasterWeights) or optimizer.track_lost_updates:
+    """FP32 master weights (``MasterWeights``, recognized by what it holds: the engine room imports no
+    course module) over SGD or Adam(W), every parameter with its own master, lost updates not tracked
+    (that measure reads the host), gradients not gathered into the masters yet (after ``unscale_`` the
+    masters' gradients are the ones to step with), and every gradient a float16 or float32 CuPy array."""
+    if not all(hasattr(optimizer, a) for a in ("model_params", "master_params", "names", "optimizer")):
+        return False
+    if getattr(optimizer, "track_lost_updates", True):
         return False
     pairs = list(zip(optimizer.model_params, optimizer.master_params))
-    if not any(model.grad is not None for model, _ in pairs):
-        return False  # the host path raises the "no gradient" error
+    if not any(model.grad is not None for model, _ in pairs) or any(master.grad is not None for _, master in pairs):
+        return False  # the host path raises the "no gradient" error, or steps with the gathered gradients
     return all(
         master is not model
         and (model.grad is None or (unscale.applies(model.grad) and model.grad.shape == master.shape

@@ -1,6 +1,6 @@
 """Engine room: unscaling and sums of squares on the GPU, without float64 copies of the gradients.
 
-``multiply_`` answers ``tinyamp.kernels.multiply_`` for float16 and float32 CuPy arrays:
+``multiply_and_sum_squares_`` answers ``tinyamp.kernels.multiply_and_sum_squares_`` for float16 and float32 CuPy arrays:
 one ``ElementwiseKernel`` multiplies each value by the factor in float32 with the IEEE
 multiply of exact_float32.py (CuPy's own arithmetic is compiled with ``-ftz=true`` and
 would flush float32 subnormals, where NumPy keeps them) and rounds it once into the
@@ -77,7 +77,7 @@ def applies(g: Any) -> bool:
     return g.dtype in (np.float16, np.float32) and on_gpu(g)
 
 
-def multiply_(g: Any, factor: float) -> Any:
+def multiply_and_sum_squares_(g: Any, factor: float) -> Any:
     """``g *= factor`` in place in one pass, then sum(g^2) in float64 as a 0-d device array."""
     if not applies(g):
         return NotImplemented

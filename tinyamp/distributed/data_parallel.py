@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 
 from tinyamp import backend, dtypes, kernels
+from tinyamp.amp.scaler import check_max_norm, clip_by_global_norm_
 from tinyamp.distributed import allreduce
 from tinyamp.distributed.agreement import RemoteOverflow, agree_on_overflow
 from tinyamp.distributed.communicator import Communicator
@@ -164,20 +164,19 @@ class DataParallel:
         rank, and one factor max_norm / (norm + 1e-6), applied when below 1 (the scaler's rule).
         PyTorch's FSDP has its own ``clip_grad_norm_`` for the same reason.
         """
-        if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
-            raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")
+        check_max_norm(max_norm)
         if self._grad is None or self.shard.tensor.grad is not None:
             raise RuntimeError(
                 "clip between scaler.unscale_(dp) and dp.exchange(flags): before, there is no reduced gradient "
                 "to clip; after, DDP has already all-gathered the unclipped one"
             )
+        # the padding beyond the last parameter is 0: it adds nothing to the norm and stays 0
+        return clip_by_global_norm_([self._grad], max_norm, norm_of=self._norm_over_ranks)
+
+    def _norm_over_ranks(self) -> float:
         mine = math.fsum(backend.host_floats([kernels.sum_of_squares(p.grad) for p in self.checked]))
         every = self.comm.allgather(self.comm.xp.asarray([mine], dtype=np.float64))
-        norm = math.sqrt(math.fsum(backend.to_device(every, "cpu").tolist()))  # inf or nan if any shard is
-        factor = float(max_norm) / (norm + 1e-6)
-        if math.isfinite(norm) and factor < 1.0:
-            kernels.multiply_(self._grad, factor)  # the padding beyond the last parameter is 0 and stays 0
-        return norm
+        return math.sqrt(math.fsum(backend.to_device(every, "cpu").tolist()))  # inf or nan if any shard is
 
     def exchange(self, flags: dict[str, bool]) -> None:
         """Agree on the overflow decision, then (DDP) give every rank the whole unscaled gradient."""

@@ -151,7 +151,7 @@ def reference_step(optimizer: Any, scale: float, divide: bool = False) -> bool:
             with np.errstate(over="ignore", invalid="ignore"):
                 p.grad[...] = (p.grad.astype(np.float32) / np.float32(scale)).astype(p.grad.dtype)
         else:
-            kernels.multiply_(p.grad, 1.0 / scale)  # in float32 at least, rounded once into the gradient's dtype
+            kernels.multiply_and_sum_squares_(p.grad, 1.0 / scale)  # in float32 at least, rounded once into g's dtype
         finite = finite and bool(np.isfinite(p.grad).all())
     if finite:
         optimizer.step()

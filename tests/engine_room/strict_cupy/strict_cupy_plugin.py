@@ -16,8 +16,8 @@ import cupy  # the stand-in: tests/engine_room/strict_cupy is first on PYTHONPAT
 
 from tinyamp import cuda, kernels
 
-_KERNEL_BASED = ("product", "multiply_", "sum_of_squares", "step_on_device", "relu", "relu_backward", "gelu",
-                 "gelu_backward", "softmax", "softmax_backward", "layer_norm", "layer_norm_backward",
+_KERNEL_BASED = ("product", "multiply_and_sum_squares_", "sum_of_squares", "scaled_step", "relu", "relu_backward",
+                 "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm", "layer_norm_backward",
                  "sum_rows", "cross_entropy", "cross_entropy_backward")  # fmt: skip
 for _name in _KERNEL_BASED:
     kernels.unregister(_name, cuda.IMPLEMENTATIONS[_name])
