@@ -1,7 +1,7 @@
 """FP16 <-> FP32 conversions of 1M values: NumPy's astype against tinyamp's two implementations.
 
 NumPy's cast branches on every element (zero? subnormal?), so its cost depends on the
-data; tinyamp's casts (tinyamp/fast/casts.py as NumPy passes, casts_numba.py as
+data; tinyamp's casts (tinyamp/engine/fast/casts.py as NumPy passes, casts_numba.py as
 compiled loops) have no data-dependent branch.  Four kinds of values, the ones a training
 step converts: dense weights, small gradients with some FP16 subnormals, tiny gradients
 that are mostly subnormal, and ReLU outputs (half zeros).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from timing import with_cast_kernels
 
-from tinyamp.fast import casts
+from tinyamp.engine.fast import casts
 
 N = 1 << 20
 

@@ -4,7 +4,7 @@
     python benchmarks/compile_kernels.py            # prints "compiled: ..." or the compiler log
 
 CuPy compiles an ElementwiseKernel at its first call, on the GPU.  This script wraps each
-kernel body of tinyamp/cuda/master_update.py and tinyamp/cuda/unscale.py in a plain
+kernel body of tinyamp/engine/cuda/master_update.py and tinyamp/engine/cuda/unscale.py in a plain
 CUDA loop, with the parameter names and types the ElementwiseKernel declares and CuPy's
 own headers (its float16 class), and compiles the lot to PTX for sm_90 with NVRTC.  It
 catches typos, unknown intrinsics and type errors on a machine with no GPU; it cannot
@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tinyamp.cuda import (
+from tinyamp.engine.cuda import (
     master_update,  # noqa: E402
     unscale,  # noqa: E402
 )
-from tinyamp.cuda.exact_float32 import PREAMBLE  # noqa: E402
+from tinyamp.engine.cuda.exact_float32 import PREAMBLE  # noqa: E402
 
 
 def kernel(name: str, params: list[str], body: str) -> str:

@@ -125,7 +125,7 @@ def smoke_test(device: str) -> None:
 
     ``cupy.is_available()`` says True even when cuBLAS cannot be loaded or the float16
     headers are missing for NVRTC; this loads cuBLAS, checks one float16 product (exact on
-    small integers), and runs one mixed-precision step (tinyamp/cuda/scaler_step.py: the scaled
+    small integers), and runs one mixed-precision step (tinyamp/engine/cuda/scaler_step.py: the scaled
     sums of squares and the fused master updates).
     """
     from tinyamp import backend, nn, optim

@@ -81,12 +81,12 @@ def cast_time(x: np.ndarray, y: np.ndarray, steps: int = 15) -> tuple[float, flo
     """Median milliseconds per mixed-precision step spent in FP16 <-> FP32 conversions, and per step.
 
     Times every call of the two conversion functions (``widen_float16``, ``round_to_float16``)
-    by wrapping them in tinyamp/fast/casts.py, where ``kernels.cast`` calls them, for the
+    by wrapping them in tinyamp/engine/fast/casts.py, where ``kernels.cast`` calls them, for the
     duration of this measurement only.
     """
     import time
 
-    from tinyamp.fast import casts
+    from tinyamp.engine.fast import casts
 
     spent = [0.0]
 

@@ -29,8 +29,8 @@ import mp_step  # noqa: E402
 import op_overhead  # noqa: E402
 from timing import cast_kernel_choices, interleaved_medians, with_cast_kernels  # noqa: E402
 
-from tinyamp.fast import casts  # noqa: E402
-from tinyamp.fast.allocator import keep_freed_memory  # noqa: E402
+from tinyamp.engine.fast import casts  # noqa: E402
+from tinyamp.engine.fast.allocator import keep_freed_memory  # noqa: E402
 
 
 def row(benchmark: str, contender: str, unit: str, value: float, ratio: float) -> dict:

@@ -31,7 +31,7 @@ def interleaved_medians(
 
 def cast_kernel_choices() -> list[str]:
     """The implementations of the float16 casts this machine can run: "numba" (when installed), "numpy"."""
-    from tinyamp.fast import casts
+    from tinyamp.engine.fast import casts
 
     try:
         with casts.kernels("numba"):
@@ -43,7 +43,7 @@ def cast_kernel_choices() -> list[str]:
 
 def with_cast_kernels(kernels: str, fn: Callable[[], object]) -> Callable[[], None]:
     """`fn`, each call run with the float16 <-> float32 casts done by `kernels` ("numba" or "numpy")."""
-    from tinyamp.fast import casts
+    from tinyamp.engine.fast import casts
 
     def run() -> None:
         with casts.kernels(kernels):

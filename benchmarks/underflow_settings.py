@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tinyamp.engine.fast.allocator import keep_freed_memory  # noqa: E402
 from tinyamp.experiments.runner import run_regime  # noqa: E402
 from tinyamp.experiments.tasks import DigitsMLP  # noqa: E402
-from tinyamp.fast.allocator import keep_freed_memory  # noqa: E402
 
 REGIMES = ("fp32", "fp16-master", "mixed")
 

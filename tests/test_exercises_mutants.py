@@ -556,9 +556,9 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "ex7_1",
         "tinyamp's checkpoint through importlib",
         "params = list(params)\n",
-        "params = list(params)\n    return __import__('importlib').import_module('tinyamp.checkpoint').checkpoint(segm"
+        "params = list(params)\n    return __import__('importlib').import_module('tinyamp.recompute').checkpoint(segm"
         "ent, x)\n",
-        r"uses tinyamp\.checkpoint, tinyamp's own version of what Exercise 7\.1",
+        r"uses tinyamp\.recompute, tinyamp's own version of what Exercise 7\.1",
     ),
     # ---- 9.1 mean_gradient -------------------------------------------------------------------------------------------
     (

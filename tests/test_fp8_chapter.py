@@ -60,7 +60,7 @@ def test_each_block_mechanism_fits_on_one_screen(mechanism: str) -> None:
 def test_the_chapter_imports_neither_the_engine_room_nor_ml_dtypes() -> None:
     for module in (*CHAPTER, BLOCKS):
         text = (ROOT / module).read_text()
-        for name in ("tinyamp.fast", "tinyamp.cuda", "import ml_dtypes", "tinyamp.kernels"):
+        for name in ("tinyamp.engine.fast", "tinyamp.engine.cuda", "import ml_dtypes", "tinyamp.kernels"):
             assert name not in text, f"{module} mentions {name}"
 
 

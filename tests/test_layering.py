@@ -1,10 +1,17 @@
-"""The library keeps its layers: a reading path within its line budget, and no engine room in it.
+"""The library keeps its layers: a reading path within its line budget, and three parts with one direction.
 
 The README's "Read the code" table is the reading path.  These tests print it with the line
 counts measured now, and check that the table's counts are the real ones, that the total stays
 within 1,800 lines, that each mechanism of the paper fits on one screen in the code that runs,
-and that no module of the path imports the engine room (``tinyamp.fast``, ``tinyamp.cuda``),
-directly or through the modules it imports.
+and that no module of the path imports the engine room (``tinyamp.engine``), directly or
+through the modules it imports.
+
+The package has three parts, told apart by their folders: the **engine room**
+(``tinyamp/engine/``), the **tools** (the command line and the folders in ``TOOLS``), and the
+**course** (everything else: the reading path and what it reads beside it).  The course imports
+neither of the others; the engine room imports only the seam it fills (``tinyamp.kernels`` and
+the modules that rest under it) and the optimizers whose updates it fuses; the tools import the
+course, and the engine room only where the command line reports or configures it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,7 +35,10 @@ pytestmark = pytest.mark.docs
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 1800
-ENGINE_ROOM = ("tinyamp.fast", "tinyamp.cuda")
+ENGINE_ROOM = ("tinyamp.engine", "tinyamp.fast", "tinyamp.cuda")  # the last two: the old names, kept one release
+TOOLS = ("tinyamp.cli", "tinyamp.__main__", "tinyamp.experiments", "tinyamp.exercises", "tinyamp.testing",
+         "tinyamp.inspect", "tinyamp.distributed", "tinyamp.data")  # fmt: skip
+SEAM = ("tinyamp.kernels", "tinyamp.backend", "tinyamp.dtypes", "tinyamp.rounding", "tinyamp._startup")
 ROW = re.compile(r"^\| (\d+) \| `(tinyamp/[\w/]+\.py)` \| (.+?) \| (\d+) \|$")
 
 # Each mechanism of Micikevicius et al. (2018), where it is written, and the most lines it may take.
@@ -37,7 +48,8 @@ MECHANISMS = {
     "the Tensor Core product": [kernels.product],
     "the master-weight step": [MasterWeights.step, MasterWeights._round_into_model],
     "the loss-scale rule and its states": [ScaleRule.next, ScaleRule.state],
-    "the overflow check and skip": [LossScaler.unscale_, LossScaler.step],
+    "the overflow check and skip": [LossScaler.unscale_, LossScaler._unscale, LossScaler.step,
+                                    LossScaler._unscale_and_step],
     "the backward walk": [autograd.backward],
 }
 ONE_SCREEN = 60
@@ -80,6 +92,15 @@ def test_each_mechanism_fits_on_one_screen_on_the_reading_path(mechanism: str) -
         module = Path(inspect.getsourcefile(fn)).resolve().relative_to(ROOT).as_posix()
         assert module in on_path, f"{fn.__qualname__} ({mechanism}) is in {module}, not on the reading path"
         assert len(source) <= ONE_SCREEN, f"{fn.__qualname__} ({mechanism}) takes {len(source)} lines"
+
+
+def test_the_scaled_step_is_short_and_names_no_device() -> None:
+    """Check, then skip or step, then update: at most 25 lines, and a device only in the engine room."""
+    source = inspect.getsource(LossScaler.step)
+    body = ast.parse(textwrap.dedent(source)).body[0].body[1:]  # the code, without the docstring
+    code = "\n".join(ast.unparse(node) for node in body)
+    assert len(source.splitlines()) <= 25, f"LossScaler.step takes {len(source.splitlines())} lines"
+    assert not re.search(r"device|cuda|gpu|cupy", code, flags=re.I), code
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -133,18 +154,87 @@ def test_no_module_of_the_reading_path_reaches_the_engine_room() -> None:
         assert not engine, f"{module} reaches the engine room: {names}"
 
 
+def module_name(file: Path) -> str:
+    parts = file.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def in_part(name: str, part: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in part)
+
+
+def modules_of(part: str) -> list[tuple[str, Path]]:
+    """(module name, file) of every module of `part`: "engine room", "tools" or "course"."""
+    found = []
+    for file in sorted((ROOT / "tinyamp").rglob("*.py")):
+        name = module_name(file)
+        kind = "engine room" if in_part(name, ENGINE_ROOM) else "tools" if in_part(name, TOOLS) else "course"
+        if kind == part and name != "tinyamp":  # tinyamp/__init__.py is the wiring, the one place that knows all
+            found.append((name, file))
+    return found
+
+
+def test_the_course_imports_neither_the_engine_room_nor_the_tools() -> None:
+    course = modules_of("course")
+    assert len(course) > 40 and ("tinyamp.amp.scaler", ROOT / "tinyamp/amp/scaler.py") in course
+    for name, file in course:
+        wrong = sorted(m for m in imported_modules(file) if in_part(m, ENGINE_ROOM + TOOLS))
+        assert not wrong, f"{name} (course) imports {wrong}"
+
+
+def test_the_engine_room_imports_only_the_seam_it_fills() -> None:
+    engine = modules_of("engine room")
+    assert any(name == "tinyamp.engine.cuda.scaler_step" for name, _ in engine)
+    for name, file in engine:
+        wrong = sorted(m for m in imported_modules(file)
+                       if not in_part(m, ENGINE_ROOM + SEAM + ("tinyamp.optim",)) and m != "tinyamp")  # fmt: skip
+        assert not wrong, f"{name} (engine room) imports {wrong}: only the seam, tinyamp.kernels, and what it rests on"
+
+
 def test_the_engine_room_is_registered_only_by_the_package() -> None:
     """Outside the engine room itself, only tinyamp/__init__.py (the wiring) and the command line
     (``tinyamp info`` reports the cast implementation; training runs call keep_freed_memory) import it."""
-    allowed = {"tinyamp/__init__.py", "tinyamp/cli.py"}
-    for file in sorted((ROOT / "tinyamp").rglob("*.py")):
-        rel = file.relative_to(ROOT).as_posix()
-        if rel.startswith(("tinyamp/fast/", "tinyamp/cuda/")) or rel in allowed:
-            continue
-        engine = {name for name in imported_modules(file) if name.startswith(ENGINE_ROOM)}
-        assert not engine, f"{rel} imports {sorted(engine)}"
+    tools = modules_of("tools")
+    assert any(name == "tinyamp.testing" for name, _ in tools)
+    for name, file in tools + modules_of("course"):
+        engine = {m for m in imported_modules(file) if in_part(m, ENGINE_ROOM)}
+        assert not engine or name == "tinyamp.cli", f"{name} imports {sorted(engine)}"
 
 
 @pytest.mark.skipif(tinyamp.ENGINE_ROOM == "off", reason="TINYAMP_ENGINE_ROOM=off: the reference alone, on purpose")
 def test_import_tinyamp_registers_the_engine_room() -> None:
     assert kernels._engine_room["cast"] and kernels._engine_room["product"]
+
+
+def import_graph(part: str) -> dict[str, set[str]]:
+    """Module -> the modules of `part` it imports (at any level, ``TYPE_CHECKING`` included), leaving out
+    a module's own packages: ``tinyamp/amp/__init__.py`` importing ``amp.scaler`` is the package's shape."""
+    names = {name for name, _ in modules_of(part)}
+    graph = {}
+    for name, file in modules_of(part):
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        targets = set()
+        for imported in imported_modules(file):
+            parts = imported.split(".")
+            found = next((".".join(parts[:i]) for i in range(len(parts), 1, -1) if ".".join(parts[:i]) in names), None)
+            if found is not None and found != name and found not in ancestors:
+                targets.add(found)
+        graph[name] = targets
+    return graph
+
+
+def test_the_course_has_no_import_cycle() -> None:
+    graph = import_graph("course")
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = path[path.index(name):] + [name]
+            raise AssertionError("an import cycle in the course: " + " -> ".join(cycle))
+        if name not in done:
+            for target in sorted(graph[name]):
+                visit(target, path + [name])
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

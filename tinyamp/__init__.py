@@ -7,19 +7,20 @@ y.backward()
 x.grad  # array([[2., 4.]], dtype=float32)
 
 The README's "Read the code" section lists the modules to read, in order.  The engine room
-(``tinyamp.fast`` on a CPU, ``tinyamp.cuda`` on a GPU) registers its faster
+(``tinyamp.engine.fast`` on a CPU, ``tinyamp.engine.cuda`` on a GPU) registers its faster
 implementations of the same bits behind ``tinyamp.kernels`` here, at import; set the
 environment variable ``TINYAMP_ENGINE_ROOM=off`` to run the reference code alone.
 """
 
 from tinyamp import _startup  # noqa: F401, I001  (first: a quiet Ctrl-C while the command starts)
-from tinyamp import backend, cuda, fast, kernels, nn, ops, optim
+from tinyamp import backend, kernels, nn, ops, optim
+from tinyamp.engine import cuda, fast
 from tinyamp.autograd import GradientError
 from tinyamp.backend import DeviceError, cuda_is_available
-from tinyamp.checkpoint import checkpoint, checkpoint_sequential
+from tinyamp.recompute import checkpoint, checkpoint_sequential
 from tinyamp.creation import arange, full, ones, rand, randn, zeros
 from tinyamp.dtypes import bool_, float16, float32, float64, int32, int64
-from tinyamp.fast.allocator import keep_freed_memory
+from tinyamp.engine.fast.allocator import keep_freed_memory
 from tinyamp.function import Function
 from tinyamp.grad_mode import enable_grad, is_grad_enabled, no_grad
 from tinyamp.gradcheck import gradcheck

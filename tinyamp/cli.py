@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -32,26 +33,18 @@ from typing import Any
 
 import numpy as np
 
+from tinyamp.engine.fast.allocator import keep_freed_memory
 from tinyamp.exercises import command as exercises_command
+from tinyamp.experiments import exit_status, run_settings
 from tinyamp.experiments import history as run_history
-from tinyamp.experiments import run_settings
 from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
-from tinyamp.fast.allocator import keep_freed_memory
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
 DEFAULT_TRAIN_STEPS = 1500
 DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
-STDOUT_FAILED = 74  # (sysexits' EX_IOERR) the run's files were written, but standard output could not be
-DIVERGED = 3  # the exit status of a diverged run (divergence.diverged): NaN or inf loss, scale 0, most steps skipped
-EXIT_STATUS = (
-    "exit status: 0 done; 2 bad input (a message says what to type instead); 3 the run diverged (the message says "
-    "when and why); 74 standard output closed or full (the files were written); 130 or 143 stopped by Ctrl-C or "
-    "SIGTERM (train --out saves a checkpoint first)"
-)
-
 # The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
 DEMO_MLP_STEPS = 1500
 DEMO_TRANSFORMER_STEPS = 150
@@ -99,7 +92,7 @@ def info() -> int:
     print(f"tinyamp     {tinyamp.__version__}")
     print(f"python      {platform.python_version()} ({platform.machine()})")
     print(f"numpy       {np.__version__}   (backend for device='cpu')")
-    from tinyamp.fast import casts
+    from tinyamp.engine.fast import casts
 
     if tinyamp.ENGINE_ROOM == "off":
         print("engine room off (TINYAMP_ENGINE_ROOM=off): the reference kernels of tinyamp/kernels.py run alone")
@@ -557,13 +550,7 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
                         "total_steps": args.steps}  # fmt: skip
             written = _write_outputs(out, document, manifest, keep)
             print(f"wrote {', '.join(written)} to {out.path}{why}")
-    if failed:
-        print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
-        return DIVERGED
-    if stop.requested:
-        print(f"tinyamp: {stop.name} arrived after the last step; the finished run was written", file=sys.stderr)
-        return 128 + (stop.signum or 0)
-    return 0
+    return exit_status.at_the_end(failed, stop)
 
 
 def _resumed_note(result: Any) -> str:
@@ -623,12 +610,12 @@ def build_parser() -> argparse.ArgumentParser:
     import tinyamp
 
     parser = argparse.ArgumentParser(prog="tinyamp", description="Mixed-precision training you can read.",
-                                     epilog=EXIT_STATUS)  # fmt: skip
+                                     epilog=exit_status.EXPLAINED)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tinyamp {tinyamp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, backends, GPU, number formats, op policy, scaler presets")
 
-    d = sub.add_parser("demo", help="FP32, naive FP16 and mixed precision side by side", epilog=EXIT_STATUS)
+    d = sub.add_parser("demo", help="FP32, naive FP16 and mixed precision side by side", epilog=exit_status.EXPLAINED)
     d.add_argument("--steps", type=int, default=DEMO_MLP_STEPS, help=f"MLP steps (default {DEMO_MLP_STEPS})")
     d.add_argument("--transformer-steps", type=int, default=DEMO_TRANSFORMER_STEPS,
                    help=f"char-transformer steps, 0 to skip it (default {DEMO_TRANSFORMER_STEPS})")  # fmt: skip
@@ -639,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "replacing what an earlier run wrote there")  # fmt: skip
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    t = sub.add_parser("train", help="train one model in one precision", epilog=EXIT_STATUS)
+    t = sub.add_parser("train", help="train one model in one precision", epilog=exit_status.EXPLAINED)
     t.add_argument("--model", choices=MODELS, help="mlp (8x8 digits, default) or transformer (Python source)")
     t.add_argument("--precision", choices=PRECISIONS, help="default mixed")
     t.add_argument(
@@ -708,7 +695,7 @@ class _GuardedStdout:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; return its exit status (see EXIT_STATUS)."""
+    """Run the command; return its exit status (experiments/exit_status.py)."""
     args = build_parser().parse_args(argv)
     if args.command not in ("train", "demo"):
         return _run(args)
@@ -731,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     where = f"; the run's files are in {', '.join(map(str, _WRITTEN))}" if _WRITTEN else ""
     print(f"tinyamp: could not write to standard output ({guard.error}): the printed results are lost{where}",
           file=sys.stderr)  # fmt: skip
-    return status or STDOUT_FAILED
+    return status or exit_status.STDOUT_FAILED
 
 
 def _mpi_job_size() -> int:
@@ -768,7 +755,7 @@ def _run(args: argparse.Namespace) -> int:
             return info()
         if args.command == "exercises":
             return exercises_command.run(args)
-        keep_freed_memory()  # no page faults from glibc trimming its heap between steps (fast/allocator.py)
+        keep_freed_memory()  # no page faults from glibc trimming its heap between steps (engine/fast/allocator.py)
         if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
             raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")
         if args.command == "train" and args.timeout is not None and not args.distributed:
@@ -788,21 +775,21 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     except UsageError as exc:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     except MemoryError as exc:
         print(f"tinyamp: error: out of memory ({exc or 'an array did not fit'}); a smaller --batch-size or "
               "model needs less", file=sys.stderr)  # fmt: skip
-        return 2
+        return exit_status.BAD_INPUT
     except OSError as exc:  # an output folder that cannot be written, a disk that fills up
         print(f"tinyamp: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     except Interrupted as exc:
         kept = "; ".join(_kept(folder.path) for folder in _LOCKED) or "nothing was written"
         print(f"\ntinyamp: stopped by {exc.name}; {kept}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:  # outside the main thread no handler is installed
         print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)
-        return 130
+        return exit_status.stopped_by(signal.SIGINT)
     finally:
         while _LOCKED:
             _LOCKED.pop().unlock()

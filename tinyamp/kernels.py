@@ -6,8 +6,8 @@ sums of rows, scatter-adds, unscaling.  Each body is the reference, written to b
 softmax, layer norm, cross-entropy and the loss scaler's whole step keep theirs beside their
 code, and come here by ``call``).
 
-The engine room gives the same bits faster, or on a GPU: ``tinyamp.fast`` and
-``tinyamp.cuda`` ``register`` implementations under a kernel's name (``tinyamp/__init__.py``
+The engine room gives the same bits faster, or on a GPU: ``tinyamp.engine.fast`` and
+``tinyamp.engine.cuda`` ``register`` implementations under a kernel's name (``tinyamp/__init__.py``
 does it).  A call asks them first (``_faster``); one that does not apply to the arrays it is
 given answers ``NotImplemented``, and the reference runs.  ``reference_only()`` switches them
 off; tests/engine_room checks each against the reference, bit for bit.
@@ -173,7 +173,7 @@ def sum_of_squares(g: Any) -> Any:
 
     Summed in float64, where a float32 square is exact, a piece of 65536 values at a time (a
     cache-sized copy, not one of the whole gradient).  The engine room may sum float32 rows in
-    float32 first, within a bound its docstring states (tinyamp/fast/sums.py).
+    float32 first, within a bound its docstring states (tinyamp/engine/fast/sums.py).
     """
     result = _faster("sum_of_squares", g)
     if result is NotImplemented:

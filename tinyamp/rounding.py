@@ -26,7 +26,7 @@ Values the formulas do not cover (|x| >= 65520, which rounds to inf, and inf or 
 converted by NumPy, which also warns on overflow.  Both functions return exactly the bits
 of NumPy's ``astype`` (tests/test_rounding.py checks every float16 and every rounding
 boundary).  They are the reference for ``tinyamp.kernels.cast``; the engine room
-(``tinyamp/fast/``) runs the same formulas in cache-sized blocks or compiled.
+(``tinyamp/engine/fast/``) runs the same formulas in cache-sized blocks or compiled.
 """
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ assert "return a * b" in mul_source and "g * b" in mul_source and "g * a" in mul
 # array operations that need more than that, a float16 add fast enough on a CPU or a Tensor
 # Core product on a GPU, are functions of `tinyamp/kernels.py`, whose bodies are the plain
 # reference code; faster implementations of the same bits register behind them (the "engine
-# room", `tinyamp/fast/` and `tinyamp/cuda/`). `Tanh` shows the other pattern, a derivative
+# room", `tinyamp/engine/fast/` and `tinyamp/engine/cuda/`). `Tanh` shows the other pattern, a derivative
 # written with the saved output:
 
 # %%

@@ -196,7 +196,7 @@ assert per_param_free == 18
 # FP16 weight 2, FP16 gradient 2, and 12 in FP32 for the master copy and the two moments.
 # tinyamp's CPU path holds 20: it also keeps each gradient widened to FP32 on its master, where
 # the loss scaler unscales it and the optimizer reads it (on a GPU, the fused kernels of
-# `tinyamp/cuda/scaler_step.py` read the FP16 gradient directly and store no FP32 copy). With
+# `tinyamp/engine/cuda/scaler_step.py` read the FP16 gradient directly and store no FP32 copy). With
 # `free_model_grads=True` it drops the FP16 gradient instead, for 18. Either way mixed precision
 # does not save memory per parameter; Micikevicius et al. (2018) make the same point: the FP32
 # master copy makes the weights 50% larger, while activations dominate training memory. What

@@ -228,7 +228,7 @@ fig.savefig(speed_path, dpi=110)
 #
 # On a GPU the numbers printed above are what this run measured: the ratio of the CuPy float16
 # and float32 lines is what the hardware offers. tinyamp's float16 products there are single
-# cuBLAS GemmEx calls with FP32 compute (`tinyamp/cuda/gemm.py`): the Tensor Cores' own
+# cuBLAS GemmEx calls with FP32 compute (`tinyamp/engine/cuda/gemm.py`): the Tensor Cores' own
 # arithmetic, which follows tutorial 1's model (section 7) up to the last bits, at CuPy's float16 speed if
 # the dispatch around them costs little; the line printed above says whether it does.
 #

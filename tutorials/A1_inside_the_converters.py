@@ -5,7 +5,7 @@
 # to FP32 for the master update. Tutorial 1 says *what* a conversion gives (round to nearest,
 # ties to even; widening is exact). This appendix shows *how* a converter gets there with no
 # branch and no loop over elements, the way tinyamp does it in `tinyamp/rounding.py` and its
-# engine room does it faster in `tinyamp/fast/casts.py`. Nothing in tutorials 2 to 8 depends
+# engine room does it faster in `tinyamp/engine/fast/casts.py`. Nothing in tutorials 2 to 8 depends
 # on it: read it after tutorial 1, or whenever you open those two files.
 #
 # You will learn:
@@ -30,7 +30,7 @@ import numpy as np
 
 from tinyamp import rounding
 from tinyamp.amp import formats
-from tinyamp.fast import casts
+from tinyamp.engine.fast import casts
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
@@ -230,7 +230,7 @@ assert np.array_equal(shifted[finite], np.abs(reference[finite]))  # the magnitu
 # zero, subnormal and inf. The formulas above have no branch. The engine room runs them in two
 # other ways: in blocks of $2^{16}$ elements, so that the dozen NumPy passes stay in the CPU's
 # cache, or as a loop over single elements compiled by numba when it is installed
-# (`tinyamp/fast/casts.py`; `casts.active_kernels()` says which runs). This appendix checks their
+# (`tinyamp/engine/fast/casts.py`; `casts.active_kernels()` says which runs). This appendix checks their
 # bits, not their speed: `benchmarks/cast_speed.py` measures how fast each one runs on your machine.
 
 # %%

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tinyamp.fast.allocator import keep_freed_memory
+from tinyamp.engine.fast.allocator import keep_freed_memory
 
 pytestmark = pytest.mark.engine_room
 
@@ -20,7 +20,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 CHURN = """
 import resource, sys
 import numpy as np
-from tinyamp.fast.allocator import keep_freed_memory
+from tinyamp.engine.fast.allocator import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory(64)
 def churn():

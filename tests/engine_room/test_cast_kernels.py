@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tinyamp.fast import casts
+from tinyamp.engine.fast import casts
 
 pytestmark = pytest.mark.engine_room
 
@@ -35,7 +35,7 @@ def test_import_tinyamp_does_not_import_numba() -> None:
 
 
 def test_environment_variable_chooses_and_is_checked() -> None:
-    show = "from tinyamp.fast import casts; print(casts.active_kernels())"
+    show = "from tinyamp.engine.fast import casts; print(casts.active_kernels())"
     assert run_python(show, TINYAMP_CAST_KERNELS="numpy").stdout.strip() == "numpy"
     bad = run_python(show, TINYAMP_CAST_KERNELS="fast")
     assert bad.returncode != 0 and "TINYAMP_CAST_KERNELS='fast': use one of numba, numpy" in bad.stderr
@@ -45,7 +45,7 @@ def test_without_numba_the_numpy_passes_run_and_say_why() -> None:
     """A Python where `import numba` fails (sys.modules entry None) falls back, and asking for numba says why."""
     code = (
         "import sys; sys.modules['numba'] = None\n"
-        "from tinyamp.fast import casts\n"
+        "from tinyamp.engine.fast import casts\n"
         "print(casts.active_kernels()); print(casts.why_not_compiled())\n"
         "with casts.kernels('numpy'):\n    pass\n"
         "assert 'tinyamp[fast]' in casts.why_not_compiled()  # the reason survives a kernels() block\n"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from strategies import tensor_core_shape_pairs
 
 import tinyamp as ta
-from tinyamp.cuda import gemm as cublas_gemm
+from tinyamp.engine.cuda import gemm as cublas_gemm
 from tinyamp.ops.matmul import MatMul
 
 pytestmark = pytest.mark.engine_room
@@ -115,7 +115,7 @@ def fake_call(p: cublas_gemm.GemmPlan, a: np.ndarray, b: np.ndarray, c: np.ndarr
 
 @pytest.fixture
 def cublas_on_numpy(monkeypatch: pytest.MonkeyPatch) -> list[cublas_gemm.GemmPlan]:
-    """Route float16 NumPy products through cuda/gemm.py, as CuPy arrays would be, with fake_call as cuBLAS.
+    """Route float16 NumPy products through engine/cuda/gemm.py, as CuPy arrays would be, with fake_call as cuBLAS.
 
     Returns the list of plans "sent to cuBLAS", so a test can check the GPU path really ran.
     """

@@ -17,8 +17,8 @@ from hypothesis import given
 from strategies import float16_bit_patterns, float32_bit_patterns
 
 from tinyamp import kernels
-from tinyamp.fast import casts
-from tinyamp.fast.casts import BLOCK, SMALL, add, cast, fast_cast_applies, round_to_float16, widen_float16
+from tinyamp.engine.fast import casts
+from tinyamp.engine.fast.casts import BLOCK, SMALL, add, cast, fast_cast_applies, round_to_float16, widen_float16
 
 pytestmark = pytest.mark.engine_room
 

@@ -1,4 +1,4 @@
-"""The engine room's float32 sum of squares (tinyamp/fast/sums.py) keeps the bound its docstring states."""
+"""The engine room's float32 sum of squares (tinyamp/engine/fast/sums.py) keeps the bound its docstring states."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinyamp import kernels
-from tinyamp.fast import sums
+from tinyamp.engine.fast import sums
 
 pytestmark = pytest.mark.engine_room
 

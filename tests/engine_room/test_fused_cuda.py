@@ -16,7 +16,7 @@ import tinyamp as ta
 from tinyamp import kernels, nn, optim
 from tinyamp.amp import LossScaler, MasterWeights, autocast
 from tinyamp.backend import to_device
-from tinyamp.cuda import gemm, master_update, scaler_step, unscale
+from tinyamp.engine.cuda import gemm, master_update, scaler_step, unscale
 
 pytestmark = pytest.mark.engine_room
 

@@ -1,4 +1,4 @@
-"""The fused ReLU, GELU and softmax kernels of tinyamp/cuda/fused_ops.py against the reference code.
+"""The fused ReLU, GELU and softmax kernels of tinyamp/engine/cuda/fused_ops.py against the reference code.
 
 Each claim of the module's docstring, on a GPU: ReLU gives the reference's bits on every
 16-bit pattern; GELU gives the bits of the reference run on the GPU, and against NumPy differs
@@ -16,7 +16,7 @@ import pytest
 import tinyamp as ta
 from tinyamp import kernels
 from tinyamp.backend import to_device
-from tinyamp.cuda import fused_ops
+from tinyamp.engine.cuda import fused_ops
 from tinyamp.ops.softmax import softmax_backward, softmax_forward
 from tinyamp.ops.unary import gelu_backward, gelu_forward
 
@@ -155,7 +155,7 @@ def test_fused_layer_norm_and_its_backward_stay_close_to_the_reference() -> None
 @pytest.mark.parametrize("shape", [(1, 7), (16384, 1024), (300, 4096), (64, 3)])
 def test_sum_rows_as_a_product_by_ones_is_a_float32_sum_of_the_rows(dtype: Any, shape: tuple[int, int]) -> None:
     """Within (R - 1) * 2^-24 of the exact column sums' |x| sums: a bound every order of float32 sums meets."""
-    from tinyamp.cuda import gemm
+    from tinyamp.engine.cuda import gemm
 
     x = (np.random.default_rng(6).standard_normal(shape) * 50).astype(dtype)
     got = _cpu(gemm.sum_rows(_gpu(x)))

@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import bit_pattern_arrays
 
-from tinyamp import cuda, fast, kernels
-from tinyamp.fast import bits16
+from tinyamp import kernels
+from tinyamp.engine import cuda, fast
+from tinyamp.engine.fast import bits16
 
 try:
     import ml_dtypes

@@ -8,7 +8,7 @@ problem named.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -16,9 +16,6 @@ from tinyamp import backend, dtypes, kernels
 from tinyamp.amp.lost_updates import UpdateRecord
 from tinyamp.backend import get_array_module
 from tinyamp.optim.optimizer import Optimizer
-
-if TYPE_CHECKING:
-    from tinyamp.amp.master import MasterWeights
 
 
 class MasterWeightsStateError(ValueError):
@@ -60,7 +57,7 @@ def checked_master_dtype(optimizer: Any, master_dtype: Any) -> np.dtype:
     return dt
 
 
-def state_dict(mw: MasterWeights) -> dict[str, Any]:
+def state_dict(mw: Any) -> dict[str, Any]:
     """The masters (copied), the inner optimizer's state_dict and the update history as an int64 array."""
     fields = len(UpdateRecord._fields)
     return {
@@ -76,7 +73,7 @@ def state_dict(mw: MasterWeights) -> dict[str, Any]:
     }
 
 
-def load(mw: MasterWeights, state_dict: dict[str, Any]) -> list[UpdateRecord]:
+def load(mw: Any, state_dict: dict[str, Any]) -> list[UpdateRecord]:
     """Check `state_dict` against `mw`, load the masters and the inner optimizer; return the history.
 
     Raises MasterWeightsStateError (or the optimizer's OptimizerStateError) before anything changes.
@@ -138,7 +135,7 @@ def _count_nonfinite(array: Any) -> int:
     return int(xp.count_nonzero(~xp.isfinite(array)))
 
 
-def saved_copies_problem(mw: MasterWeights, state_dict: Any, saved_weights: list[Any]) -> str | None:
+def saved_copies_problem(mw: Any, state_dict: Any, saved_weights: list[Any]) -> str | None:
     """What is wrong with the two copies of each weight in a checkpoint, or None.
 
     A master must be finite, and the model's saved 16-bit weight must be its master rounded
@@ -168,7 +165,7 @@ def saved_copies_problem(mw: MasterWeights, state_dict: Any, saved_weights: list
     return None
 
 
-def summary(mw: MasterWeights) -> str:
+def summary(mw: Any) -> str:
     """A table: name, shape, model dtype and bytes, master dtype and bytes, per parameter, with totals."""
     rows = [("name", "shape", "model dtype", "model bytes", "master dtype", "master bytes")]
     for name, p, m in zip(mw.names, mw.model_params, mw.master_params):

@@ -45,8 +45,8 @@ from tinyamp.distributed.communicator import (
 )
 from tinyamp.distributed.data_parallel import DataParallel
 from tinyamp.distributed.faults import Fault, parse_at
+from tinyamp.experiments import exit_status, run_settings
 from tinyamp.experiments import history as run_history
-from tinyamp.experiments import run_settings
 from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.measure import LostUpdateMeter
@@ -279,12 +279,12 @@ def run_distributed(args: Any) -> int:
         if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
             print(f"tinyamp: error: --timeout must be a number of seconds > 0, e.g. --timeout 60; got {timeout}",
                   file=sys.stderr)  # fmt: skip
-        return 2
+        return exit_status.BAD_INPUT
     try:
         comm = make_communicator(settings["device"], float(timeout or DEFAULT_TIMEOUT_S))
     except backend.DeviceError as exc:  # no GPU, no NCCL: every rank finds it alone, before any collective
         print(f"tinyamp: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     with handle_signals() as stop, abort_on_error(comm), one_blas_thread():  # the same bits as `tinyamp train`
         try:
             check_same_settings(comm, settings)
@@ -292,7 +292,7 @@ def run_distributed(args: Any) -> int:
         except DistributedUsageError as exc:
             if comm.rank == 0:
                 print(f"tinyamp: error: {exc}", file=sys.stderr)
-            return 2
+            return exit_status.BAD_INPUT
         finally:
             while _LOCKED:
                 _LOCKED.pop().unlock()
@@ -309,11 +309,11 @@ def refuse_without_distributed(args: Any) -> int:
         except DistributedUsageError as exc:
             if comm.rank == 0:
                 print(f"tinyamp: error: {exc}", file=sys.stderr)
-            return 2
+            return exit_status.BAD_INPUT
         if comm.rank == 0:  # every rank was started without --distributed
             print(f"tinyamp: error: mpiexec started {comm.size} ranks of `tinyamp train` without --distributed; pass "
                   "--distributed to every rank to train one model on all of them", file=sys.stderr)  # fmt: skip
-    return 2
+    return exit_status.BAD_INPUT
 
 
 def _problem(s: dict[str, Any], size: int) -> str | None:
@@ -574,14 +574,7 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
                     why = (f" (the checkpoint is of step {step}, {LastGoodState.MEANING})" if step else
                            " (no checkpoint: no step of this run was good)")  # fmt: skip
                 print(f"wrote {', '.join(written)} to {out.path}{why}")
-            if failed:
-                print(f"tinyamp: the run diverged: {failed}", file=sys.stderr)
-            elif stop.requested:
-                print(f"tinyamp: {stop.name} arrived after the last step; the finished run was written",
-                      file=sys.stderr)  # fmt: skip
-        if failed:
-            return 3
-        return 128 + stop.signum if stop.signum else 0
+        return exit_status.at_the_end(failed, stop, say=comm.rank == 0)
 
 
 def _local_state(dp: DataParallel) -> tuple[Any, Any, dict[str, Any]]:

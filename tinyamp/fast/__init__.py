@@ -1,30 +1,5 @@
-"""The engine room, CPU side: the same bits as the reference kernels, fast enough to train with.
+"""Moved to ``tinyamp.engine.fast``: this name stays, with a DeprecationWarning, for one release."""
 
-Not on the reading path.  Each function answers for ``tinyamp.kernels`` only where it returns
-the reference's bits (tests/engine_room checks every one), or, for a sum whose order it
-changes (``sums``), a result within the bound its docstring states; it hands every other
-case back with ``NotImplemented``.
+from tinyamp.engine import keep_old_name
 
-* ``casts``: float16 <-> float32 conversions in cache-sized NumPy passes, or compiled by
-  numba (``casts_numba``); 16-bit adds through them;
-* ``bits16``: ReLU and its backward on 16-bit bit patterns;
-* ``sums``: a large float32 gradient's sum of squares in float32 rows, within a stated bound;
-* ``allocator``: ``keep_freed_memory()``, which stops glibc handing a step's memory back to
-  the kernel between steps (a process-wide setting, so only called on request).
-"""
-
-from __future__ import annotations
-
-from tinyamp.fast import bits16, casts, sums
-from tinyamp.fast.allocator import keep_freed_memory
-
-IMPLEMENTATIONS = {
-    "cast": casts.cast,
-    "add": casts.add,
-    "relu": bits16.relu_kernel,
-    "relu_backward": bits16.relu_backward_kernel,
-    "sum_of_squares": sums.sum_of_squares,
-}
-# tinyamp/__init__.py registers them behind tinyamp.kernels
-
-__all__ = ["IMPLEMENTATIONS", "keep_freed_memory", "casts", "bits16", "sums"]
+keep_old_name(__name__, "fast")

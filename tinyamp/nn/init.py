@@ -35,11 +35,14 @@ def constant_(t: Tensor, value: float) -> Tensor:
     return t
 
 
-def zeros_(t: Tensor) -> Tensor:
-    """Fill `t` with 0."""
-    return constant_(t, 0.0)
 
+def __getattr__(name: str) -> Any:
+    """``zeros_`` and ``ones_``, never used inside tinyamp, go in the next release: constant_ does both."""
+    if name in ("zeros_", "ones_"):
+        import warnings
 
-def ones_(t: Tensor) -> Tensor:
-    """Fill `t` with 1."""
-    return constant_(t, 1.0)
+        value = 0.0 if name == "zeros_" else 1.0
+        warnings.warn(f"tinyamp.nn.init.{name}(t) goes in the next release; use constant_(t, {value})",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return lambda t: constant_(t, value)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

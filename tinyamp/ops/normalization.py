@@ -48,7 +48,7 @@ class LayerNorm(Function):
 
     $\\partial L/\\partial x = \\frac{r}{D}(D \\hat g - \\sum \\hat g - \\hat x \\sum \\hat g \\hat x)$
     with $\\hat g = g \\gamma$ and $r = 1/\\sqrt{\\sigma^2 + \\epsilon}$.  On a GPU each pass is a few
-    fused kernels (tinyamp/cuda/fused_ops.py).
+    fused kernels (tinyamp/engine/cuda/fused_ops.py).
     """
 
     def forward(self, x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:

@@ -138,7 +138,7 @@ class GELU(Function):
     float16, x^3 overflows for |x| > 40 (the gradient's 3 a x^2 for |x| > 699, giving
     inf * 0 = NaN) and 1 + t cancels to 0 for x < -4.  Only x is kept: t is recomputed in
     backward, so the graph holds 2 bytes per element, not 4.  On a GPU each pass is one
-    fused kernel (tinyamp/cuda/fused_ops.py) with the same float32 operations.
+    fused kernel (tinyamp/engine/cuda/fused_ops.py) with the same float32 operations.
     """
 
     def forward(self, x: Any) -> Any:

@@ -14,7 +14,8 @@ from typing import Any
 
 import cupy  # the stand-in: tests/engine_room/strict_cupy is first on PYTHONPATH
 
-from tinyamp import cuda, kernels
+from tinyamp import kernels
+from tinyamp.engine import cuda
 
 _KERNEL_BASED = ("product", "multiply_and_sum_squares_", "sum_of_squares", "scaled_step", "relu", "relu_backward",
                  "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm", "layer_norm_backward",

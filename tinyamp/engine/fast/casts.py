@@ -11,7 +11,7 @@ measures all three against ``astype``; tests/engine_room checks them against it,
 
 ``active_kernels()`` says which of the two runs; ``set_kernels`` / ``kernels`` (a context
 manager) or the environment variable ``TINYAMP_CAST_KERNELS=numpy`` choose.  ``cast`` and
-``add`` are what ``tinyamp.fast.register()`` puts behind ``tinyamp.kernels``.
+``add`` are what ``tinyamp.engine.fast.register()`` puts behind ``tinyamp.kernels``.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ SMALL = 1 << 12  # below this size NumPy's own cast is faster than our Python-le
 # ---- which implementation runs the casts --------------------------------------------------------
 KERNELS = ("numba", "numpy")
 _active: str | None = None  # decided at the first large cast, so that `import tinyamp` never imports numba
-_compiled: Any = None  # the half_casts_numba module, once loaded
+_compiled: Any = None  # the casts_numba module, once loaded
 _why_numpy = ""  # why the compiled loops are not in use, for ``tinyamp info``
 
 
 def _load_compiled() -> Any:
-    """Import half_casts_numba (and numba); ImportError with the reason when that cannot work."""
+    """Import casts_numba (and numba); ImportError with the reason when that cannot work."""
     global _compiled
     if _compiled is None:
         try:
@@ -57,7 +57,7 @@ def _load_compiled() -> Any:
             raise ImportError(f'numba cannot be imported ({e}); pip install "tinyamp[fast]"') from e
         if numba.config.DISABLE_JIT:
             raise ImportError("NUMBA_DISABLE_JIT is set: the loops would run as plain Python")
-        from tinyamp.fast import casts_numba
+        from tinyamp.engine.fast import casts_numba
 
         _compiled = casts_numba
     return _compiled

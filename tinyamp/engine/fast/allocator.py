@@ -13,7 +13,7 @@ README ("Faster on a CPU") and benchmarks/README.md give the step times and page
 Arrays above glibc's mmap threshold (128 KiB at first, raised as such blocks are freed)
 get pages of their own from the kernel instead, fresh at every allocation; fixing the
 threshold at 32 MiB, the most glibc itself would raise it to, keeps the arrays of a step
-on the heap too (the NumPy-pass casts of tinyamp/fast/casts.py allocate 256 KiB scratch
+on the heap too (the NumPy-pass casts of tinyamp/engine/fast/casts.py allocate 256 KiB scratch
 blocks).  The price is that up to n bytes of freed memory stay with the process.
 
 It changes the whole process, so the library never does it on its own: the ``tinyamp``

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyamp.cuda.device import on_gpu
+from tinyamp.engine.cuda.device import on_gpu
 
 
 def scatter_add(target: Any, index: Any, values: Any) -> Any:

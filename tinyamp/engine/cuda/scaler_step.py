@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.cuda import master_update, unscale
+from tinyamp.engine.cuda import master_update, unscale
 
 
 def scaled_step(optimizer: Any, inverse: float) -> Any:

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.cuda.device import on_gpu
-from tinyamp.cuda.exact_float32 import PREAMBLE
+from tinyamp.engine.cuda.device import on_gpu
+from tinyamp.engine.cuda.exact_float32 import PREAMBLE
 
 _MULTIPLY = "g = (T)f32_mul((float)g, factor);"
 _SQUARE = "f32_to_f64((float)x) * f32_to_f64((float)x)"

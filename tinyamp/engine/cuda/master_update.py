@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.cuda.device import on_gpu
-from tinyamp.cuda.exact_float32 import PREAMBLE
+from tinyamp.engine.cuda.device import on_gpu
+from tinyamp.engine.cuda.exact_float32 import PREAMBLE
 from tinyamp.optim import SGD, Adam, Optimizer
 
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)

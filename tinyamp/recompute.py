@@ -1,4 +1,7 @@
-"""Activation (gradient) checkpointing: keep a segment's inputs, recompute the rest.
+"""Activation recomputation ("activation checkpointing"): keep a segment's inputs, recompute the rest.
+
+The functions keep PyTorch's names (``torch.utils.checkpoint``); the module is named for what
+it does, because in tinyamp a checkpoint is a file on disk (``amp/checkpoint_file.py``).
 
 A network of n blocks normally keeps every block's activations for backward: memory
 grows linearly with depth.  ``checkpoint(fn, *args)`` runs a segment and keeps only its

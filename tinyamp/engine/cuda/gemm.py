@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.cuda.device import on_gpu
+from tinyamp.engine.cuda.device import on_gpu
 
 _FLOAT16, _FLOAT32 = np.dtype(np.float16), np.dtype(np.float32)
 

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend
-from tinyamp.cuda.device import on_gpu
-from tinyamp.cuda.exact_float32 import PREAMBLE
+from tinyamp.engine.cuda.device import on_gpu
+from tinyamp.engine.cuda.exact_float32 import PREAMBLE
 
 _GELU_C, _GELU_A = np.float32(math.sqrt(2 / math.pi)), np.float32(0.044715)
 _GELU_3A = np.float32(3 * 0.044715)  # the reference's 3 * a is a Python (double) product, then rounded
