@@ -66,10 +66,11 @@ def expected_scales(settings: dict, amaxes: list[float]) -> list[tuple[float, fl
             out.append((scale, scale))
             continue
         used = scale
-        if not math.isnan(amax):
+        if math.isfinite(np.float32(amax)):
             window = window[1:] + [float(np.float32(amax))]
         reduced = max(window) if settings["amax_compute_algo"] == "max" else window[-1]
-        scale, _ = next_scale(math.nan if math.isnan(amax) else reduced, scale, fp8_max, settings["margin"])
+        reduced = reduced if math.isfinite(np.float32(amax)) else math.nan  # a NaN or inf step holds the scale
+        scale, _ = next_scale(reduced, scale, fp8_max, settings["margin"])
         out.append((used, scale))
     return out
 
@@ -151,8 +152,10 @@ def test_a_non_finite_input_is_reported_and_cast_to_nan_not_saturated() -> None:
     assert (event.nonfinite, event.saturated, event.event, event.step) == (3, 0, "held", 1)
     assert "step 1: 3 values not finite" in str(tensor) and "fc2.grad" in str(tensor)
     assert tensor.scale == np.float32(5734.4)  # held: a NaN amax leaves the scale and the history
-    tensor.quantize(np.float32([2.0, np.inf]))  # an inf amax enters the history: held while it is in the window
-    assert tensor.state == "held" and np.isinf(tensor.amax_history[-1])
+    before = tensor.amax_history.copy()
+    tensor.quantize(np.float32([2.0, np.inf]))  # an inf amax, like a NaN one, leaves the history as it was
+    assert tensor.state == "held" and np.array_equal(tensor.amax_history, before)
+    assert tensor.history[-1].nonfinite == 1 and tensor.scale == np.float32(5734.4)
 
 
 # ---- state_dict: printable, named, and a bit-identical resume ---------------------------------------------
@@ -216,6 +219,7 @@ def test_a_damaged_state_is_refused_and_changes_nothing() -> None:
     for path, value, words in [
         (("amax_history",), [float("nan"), 3.0], "amax_history holds nan"),
         (("amax_history",), [-1.0, 3.0], "holds -1.0"),
+        (("amax_history",), [float("inf"), 3.0], "amax_history holds inf"),
         (("amax_history",), [3.0], "has 1 entries"),
         (("scale",), 0.0, "scale holds 0.0"),
         (("scale",), 0.1, "scale holds 0.1"),  # not a float32 value: not a scale this code made

@@ -29,12 +29,12 @@ Which of Transformer Engine's behaviours this follows: the rule of its per-tenso
 float32 division; an amax of 0, inf or NaN keeps the previous scale; an infinite scale becomes
 float32's max; every step's amax enters the history, zero included, and pushes the oldest
 entry out (TE's bulk kernel, in the same file, instead neither rolls the history nor updates
-the scale for a step amax of 0).  A step whose amax is NaN holds the
-scale and leaves the history as it was (TE writes the NaN, which its ``"max"``, an ``fmaxf``,
-skips): the step is reported, and a history holding a NaN is refused on loading.  A
-non-finite input value is cast to NaN, counted and reported with its tensor and step, never
-saturated to the largest value.  The cast multiplies in float32 and dequantizing multiplies
-by float32(1 / scale), TE's ``scale_inv``.
+the scale for a step amax of 0).  A step whose amax is NaN or inf holds the scale and leaves
+the history as it was (TE writes it: its ``"max"``, an ``fmaxf``, skips a NaN, but an inf would
+hold every scale for the whole window): the step is reported, and a history holding a NaN or
+an inf is refused on loading.  A non-finite input value is cast to NaN, counted and reported
+with its tensor and step, never saturated to the largest value.  The cast multiplies in
+float32 and dequantizing multiplies by float32(1 / scale), TE's ``scale_inv``.
 """
 
 from __future__ import annotations
@@ -138,11 +138,11 @@ class TensorScaling:
         bits[~finite] = fmt.nan_bits  # never the largest value: the input was not a number
         saturated = int(np.count_nonzero(finite & ~(np.abs(scaled) <= fmt.max)))
         flushed = int(np.count_nonzero(finite & (x != 0) & ((bits & 0x7F) == 0)))
-        if not np.isnan(amax):
+        if np.isfinite(amax):
             self.amax_history = np.append(self.amax_history[1:], np.float32(amax))  # the window rolls
         if self.recipe.recipe == "delayed":  # the next cast's scale, from the history
             window = self.amax_history if self.recipe.amax_compute_algo == "max" else self.amax_history[-1:]
-            reduced = amax if np.isnan(amax) else float(window.max())  # a NaN step holds the scale
+            reduced = float(window.max()) if np.isfinite(amax) else amax  # a NaN or inf step holds the scale
             self.scale, event = next_scale(reduced, self.scale, fmt.max, margin)
         else:
             self.scale = scale

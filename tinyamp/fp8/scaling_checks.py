@@ -85,9 +85,9 @@ def _float32_values(name: str, values: Any, allow: str) -> list[float]:
     """`values` as Python floats, refused unless each is a float32 value that `allow` accepts."""
     out = []
     for v in values if isinstance(values, list) else [values]:
-        if not isinstance(v, numbers.Real) or isinstance(v, bool) or math.isnan(v) or v < 0 or \
-                (allow == "positive finite" and not (0 < v < math.inf)) or float(np.float32(v)) != v:  # fmt: skip
-            raise ValueError(f"saved {name} holds {v!r}, and only {allow} float32 values load (a NaN means a "
+        if not isinstance(v, numbers.Real) or isinstance(v, bool) or not 0 <= v < math.inf or \
+                (allow == "positive finite" and v == 0) or float(np.float32(v)) != v:  # fmt: skip
+            raise ValueError(f"saved {name} holds {v!r}, and only {allow} float32 values load (NaN or inf means a "
                              "damaged state): save the state again from a healthy run")  # fmt: skip
         out.append(float(v))
     return out
@@ -105,7 +105,7 @@ def validated_state(tensor: Any, state: Any, event_class: type) -> tuple[float, 
             raise ValueError(f"saved {key} {state[key]!r} is not this tensor's {value!r}: load the state of the same "
                              "tensor into a TensorScaling built with the same recipe")  # fmt: skip
     scale = _float32_values("scale", state["scale"], "positive finite")[0]
-    history = _float32_values("amax_history", state["amax_history"], "non-NaN, non-negative")
+    history = _float32_values("amax_history", state["amax_history"], "finite non-negative")
     if len(history) != tensor.recipe.amax_history_len:
         raise ValueError(f"saved amax_history has {len(history)} entries; this recipe keeps "
                          f"{tensor.recipe.amax_history_len}: load it into a recipe of the same length")  # fmt: skip
