@@ -174,17 +174,20 @@ def test_cuda_without_a_gpu_exits_2_and_says_why(command: str, capsys: pytest.Ca
     assert "cuda" in capsys.readouterr().err
 
 
-def test_bfloat16_is_refused_on_cuda_and_left_out_of_its_demo() -> None:
-    """tinyamp's GPU code is FP16 only: `train --precision bf16-mixed --device cuda` is a usage error
-    (exit 2, checked after the GPU check), and the GPU demo runs the other regimes."""
+def test_bfloat16_and_fp8_are_refused_on_cuda_and_left_out_of_its_demo() -> None:
+    """tinyamp's GPU code is FP16 only and its FP8 is emulated on NumPy: `train --precision bf16-mixed
+    --device cuda` (or fp8) is a usage error (exit 2, checked after the GPU check), and the GPU demo runs
+    the other regimes."""
     from tinyamp.cli import UsageError, _check_precision
     from tinyamp.experiments.runner import demo_regimes
 
     with pytest.raises(UsageError, match="CPU only"):
         _check_precision("bf16-mixed", "cuda")
+    with pytest.raises(UsageError, match="CPU only"):
+        _check_precision("fp8", "cuda")
     _check_precision("mixed", "cuda")
-    assert "bf16-mixed" not in demo_regimes("cuda")
-    assert demo_regimes("cuda") == [r for r in demo_regimes("cpu") if r != "bf16-mixed"]
+    assert "bf16-mixed" not in demo_regimes("cuda") and "fp8" in demo_regimes("cpu")
+    assert demo_regimes("cuda") == [r for r in demo_regimes("cpu") if r not in ("bf16-mixed", "fp8")]
 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--batch-size", "-1"], ["--lr", "0"], ["--steps", "-3"]])
@@ -197,7 +200,7 @@ def test_bad_numbers_exit_2(args: list[str], capsys: pytest.CaptureFixture[str])
     ("flag", "value", "listed"),
     [
         ("--model", "resnet", "transformer"),
-        ("--precision", "fp8", "fp16-master"),
+        ("--precision", "fp4", "mxfp8"),
         ("--scaler", "torch", "chainer"),
         ("--device", "tpu", "cuda"),
     ],

@@ -6,6 +6,7 @@ claims the README makes about it, as inequalities (never exact numbers):
 * without master weights, most updates are lost and the training loss ends higher;
 * without loss scaling, far more gradient values underflow to 0 than with it;
 * mixed precision ends within 1 accuracy point of FP32, with half the saved bytes.
+* FP8 (every Linear product on 8-bit inputs, delayed scaling) ends within 1 point of FP32 too.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def regimes(doc: dict, task: str = "mlp") -> dict:
 def test_results_json_has_every_number_of_the_table_per_regime_and_per_step(demo_run: tuple) -> None:
     doc, _, _ = demo_run
     assert doc["schema"] == "tinyamp-results/1"
-    expected = ["fp32", "fp16", "fp16-master", "mixed"] + (["bf16-mixed"] if bfloat16_available() else [])
+    expected = ["fp32", "fp16", "fp16-master", "mixed"] + (["bf16-mixed"] if bfloat16_available() else []) + ["fp8"]
     assert list(regimes(doc)) == expected
     assert list(regimes(doc, "transformer")) == ["fp32", "mixed"]
     for name, r in regimes(doc).items():
@@ -66,11 +67,12 @@ def test_results_json_has_every_number_of_the_table_per_regime_and_per_step(demo
         assert len(r["histogram"]["unscaled"]) == len(r["histogram"]["log2_bins"])
         assert r["memory"]["peak_step_bytes"] > 0
         held = r["memory"]["held_bytes"]
-        weights = 2 if name != "fp32" else 4  # bytes per parameter of the model's own copy
+        weights = 4 if name in ("fp32", "fp8") else 2  # bytes per parameter of the model's own copy (FP8: the masters)
         assert sum(held["parameters"].values()) == weights * 85_002  # MLP 64-256-256-10
         assert ("master weights" in held) == (name in ("fp16-master", "mixed", "bf16-mixed"))
-        if name == "fp32":
+        if name in ("fp32", "fp8"):  # FP32 gradients and weights (FP8's casts are counted in r["fp8"])
             assert r["underflow_fraction"] is None and r["lost_update_fraction"] is None
+            assert bool(r["fp8"]) == (name == "fp8")
         else:
             assert 0.0 <= r["underflow_fraction"] <= 1.0 and 0.0 <= r["lost_update_fraction"] <= 1.0
     for r in regimes(doc, "transformer").values():
@@ -100,6 +102,15 @@ def test_mixed_precision_is_within_one_point_of_fp32_with_half_the_saved_bytes(d
     assert r["mixed"]["saved_bytes"] < 0.6 * r["fp32"]["saved_bytes"]
 
 
+def test_fp8_is_within_one_point_of_fp32_and_its_casts_are_counted(demo_run: tuple) -> None:
+    r = regimes(demo_run[0])
+    assert abs(r["fp8"]["metrics"]["accuracy"] - r["fp32"]["metrics"]["accuracy"]) <= 0.01
+    assert r["fp8"]["saved_bytes"] < r["fp32"]["saved_bytes"]  # x and W kept for backward as one byte a value
+    totals = r["fp8"]["fp8"]["totals"]
+    assert totals["forward"]["values"] > 0 and totals["backward"]["nonfinite"] == 0
+    assert r["fp8"]["skipped_steps"] == 0 and "fp8: of the" in demo_run[1] and "fp8: test accuracy" in demo_run[1]
+
+
 def test_the_printed_table_names_every_regime_and_defines_its_columns(demo_run: tuple) -> None:
     _, printed, _ = demo_run
     for name in ("fp32", "fp16", "fp16-master", "mixed", "underflow@end", "lost upd."):
@@ -115,6 +126,7 @@ def test_figures_are_png_files(demo_run: tuple) -> None:
         for kind in ("loss", "loss_scale", "measured", "gradients"):
             path = out / f"{task}_{kind}.png"
             assert path.read_bytes()[:8] == PNG_MAGIC, path
+    assert (out / "mlp_fp8_tensors.png").read_bytes()[:8] == PNG_MAGIC
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary leftovers
 
 

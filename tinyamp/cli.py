@@ -174,6 +174,11 @@ def _check_device(device: str) -> None:
 def _check_precision(precision: str, device: str) -> None:
     from tinyamp.experiments.regimes import REGIMES, bfloat16_available
 
+    if REGIMES[precision].fp8 is not None and device != "cpu":
+        raise UsageError(
+            f"--precision {precision} runs on the CPU only: FP8 is emulated on NumPy (CuPy has no 8-bit float). "
+            "Use --device cpu, or --precision mixed (FP16) with --device cuda."
+        )
     if REGIMES[precision].weights == "bfloat16":
         if device != "cpu":
             raise UsageError(
@@ -235,6 +240,8 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
         why = "tinyamp's GPU code is FP16 only" if args.device != "cpu" else "ml_dtypes is not installed"
         fix = "" if args.device != "cpu" else ": pip install ml_dtypes, a dependency of tinyamp"
         print(f"  (no bf16-mixed row: {why}{fix})")
+    if "fp8" not in regimes:
+        print("  (no fp8 row: FP8 is emulated on NumPy, on the CPU only; tinyamp demo --device cpu shows it)")
     with np.errstate(all="ignore"):  # an overflow is a skipped step in the table, not a NumPy warning
         mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress, memory=True)
     print()
@@ -245,6 +252,9 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
             print(f"{r.regime}: DIVERGED: its loss ended {r.series['loss'][-1]}, {r.skipped_steps} steps skipped")
     print()
     print(_mlp_verdict({r.regime: r for r in mlp_results}))
+    for r in mlp_results:
+        for line in _fp8_lines(r):
+            print(line)
     print()
     print(_memory_table(mlp_results, args.device))
     document = results_document({"mlp": (mlp, mlp_results)}, {"command": "demo", "seed": args.seed})
@@ -299,6 +309,11 @@ def _memory_table(results: list[Any], device: str = "cpu") -> str:
             "  masters need FP32 gradients, so a small model's step can peak above FP32's: the saving is in what the\n"
             "  graph keeps (see saved) and grows with depth and batch (benchmarks, 'Peak step memory against depth')."
         )
+        if any(r.fp8 for r in results):
+            lines.append(
+                "  fp8 keeps one byte a value of x and W for backward, but its emulated products decode them to\n"
+                "  FP32, and its weights are FP32 (they are the masters): the peak is the emulation's, not a GPU's."
+            )
     else:
         lines.append(
             "* held after the last step; peak: bytes allocated during the last step, measured on the GPU (a CuPy\n"
@@ -335,7 +350,24 @@ def _mlp_verdict(r: dict[str, Any]) -> str:
             f"together {_share(r['fp16-master'].underflow_norm_fraction)} of the gradients' squared norm, too "
             "little to change the updates on this model (README, 'The demo')."
         )
+    if "fp32" in r and "fp8" in r:
+        gap = 100 * (r["fp8"].metrics["accuracy"] - r["fp32"].metrics["accuracy"])
+        lines.append(
+            f"fp8: test accuracy {abs(gap):.2f} points {'above' if gap > 0 else 'below'} FP32's "
+            f"({'within' if abs(gap) <= 1.0 else 'NOT within'} 1 point), training loss "
+            f"{loss_ratio('fp8', 'fp32'):.2f}x FP32's, with every Linear product on FP8 inputs (E4M3 forward, E5M2 "
+            "gradients, a delayed scale per tensor)."
+        )
     return "\n".join(lines)
+
+
+def _fp8_lines(result: Any) -> list[str]:
+    """Under a table with an FP8 regime: what its casts saturated and flushed, and each cast that met an inf or NaN."""
+    from tinyamp.experiments import fp8_report
+
+    if not result.fp8:
+        return []
+    return [fp8_report.sentence(result.fp8), *fp8_report.nonfinite_lines(result)]
 
 
 def _share(fraction: float | None) -> str:
@@ -372,6 +404,7 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise UsageError(f"--resume {exc}") from exc
     args.history = past
+    args.fp8_state = extra.get("fp8")
     for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
         given = getattr(args, key)
         if given is not None and given != saved[key]:
@@ -468,9 +501,11 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     start = 0
     if saved is not None:
         try:
-            load_checkpoint(args.resume, setup.model, setup.optimizer, setup.scaler)
+            room = _extra_bytes(setup, args)
+            load_checkpoint(args.resume, setup.model, setup.optimizer, setup.scaler, extra_bytes=room)
         except CheckpointError as exc:
             raise UsageError(f"--resume: {exc}") from exc
+        _load_fp8_state(setup, args)
         start = saved["step"]
     if not args.quiet:
         resumed = f", resumed at step {start}" if start else ""
@@ -489,6 +524,10 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
 
     def save(folder: Path, step: int) -> str:
         extra = {"train": {**settings, "step": step}, "history": run_history.to_extra(history, step)}
+        if setup.fp8 is not None:  # every tensor's scale, amax history and casts: the next casts depend on them
+            from tinyamp.fp8.training_state import to_extra
+
+            extra["fp8"] = to_extra(setup.fp8)
         save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, extra)
         return "checkpoint.npz"
 
@@ -500,9 +539,12 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
     good = None
     if out is not None:  # a diverged run saves the state of its last good step (divergence.LastGoodState)
+        fp8 = setup.fp8
         good = LastGoodState(
-            setup.model, setup.scaler, lambda: (setup.model.state_dict(), setup.optimizer.state_dict()),
-            lambda state: (setup.model.load_state_dict(state[0]), setup.optimizer.load_state_dict(state[1])),
+            setup.model, setup.scaler,
+            lambda: (setup.model.state_dict(), setup.optimizer.state_dict(), fp8 and fp8.capture()),
+            lambda state: (setup.model.load_state_dict(state[0]), setup.optimizer.load_state_dict(state[1]),
+                           fp8 and fp8.restore(state[2])),
         )  # fmt: skip
     if good is not None and start:
         good.keep(start)  # the loaded state: good until a step of this run proves otherwise
@@ -532,6 +574,8 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
             print(f"\nmemory held after the last step ({args.device}):")
             print(format_training_memory(result.memory["held_bytes"]))
             print(f"peak allocated during the last step: {result.memory['peak_step_bytes']:,} bytes (measured)")
+        for line in _fp8_lines(result):
+            print(line)
         if not args.quiet:
             print(footnotes())
         failed = explain(task, setup, result, start) if diverged(result) else None
@@ -551,6 +595,38 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
             written = _write_outputs(out, document, manifest, keep)
             print(f"wrote {', '.join(written)} to {out.path}{why}")
     return exit_status.at_the_end(failed, stop)
+
+
+def _extra_bytes(setup: Any, args: argparse.Namespace) -> int:
+    """What load_checkpoint may read besides the model's state: the default, and an FP8 run's casts of every step."""
+    from tinyamp.amp.training_state import DEFAULT_EXTRA_BYTES
+
+    if setup.fp8 is None:
+        return DEFAULT_EXTRA_BYTES
+    from tinyamp.fp8.training_state import extra_bytes
+    from tinyamp.nn import Linear
+
+    layers = sum(isinstance(m, Linear) for m in setup.model.modules())
+    return DEFAULT_EXTRA_BYTES + extra_bytes(6 * layers, args.steps)  # at most six tensors cast per layer (MXFP8)
+
+
+def _load_fp8_state(setup: Any, args: argparse.Namespace) -> None:
+    """Give a resumed FP8 run the scales, amax histories and casts its checkpoint saved (refuse a mismatch)."""
+    state = getattr(args, "fp8_state", None)
+    if setup.fp8 is None and state is not None:
+        raise UsageError(f"--resume {args.resume}: the checkpoint holds FP8 scales, but its run is "
+                         f"--precision {args.precision}; the file was edited or crafted")  # fmt: skip
+    if setup.fp8 is None:
+        return
+    if state is None:
+        raise UsageError(f"--resume {args.resume}: the checkpoint of a --precision {args.precision} run holds no "
+                         "FP8 scales; the file was edited or cut")  # fmt: skip
+    from tinyamp.fp8.training_state import load_extra
+
+    try:
+        load_extra(setup.fp8, state, args.resume)
+    except ValueError as exc:
+        raise UsageError(f"--resume {exc}") from exc
 
 
 def _resumed_note(result: Any) -> str:

@@ -328,6 +328,8 @@ def _problem(s: dict[str, Any], size: int) -> str | None:
     if s["reduce_dtype"] not in REDUCTIONS:
         return f"--reduce-dtype must be one of {', '.join(REDUCTIONS)}; got {s['reduce_dtype']!r}"
     regime = REGIMES[s["precision"] or "mixed"]
+    if regime.fp8 is not None:
+        return f"--precision {regime.name} trains in one process (FP8 is emulated on NumPy); leave out --distributed"
     if s["zero"] and not regime.master_weights:
         return (f"--zero shards FP32 master weights; --precision {regime.name} has none (use fp16-master, mixed or "
                 "bf16-mixed)")  # fmt: skip

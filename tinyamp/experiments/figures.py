@@ -35,7 +35,8 @@ FP16_BANDS = (
     ("overflow to inf (65520 and above)", math.log2(65520.0), 40.0, "#d62728"),
 )
 
-COLORS = {"fp32": "#000000", "fp16": "#d62728", "fp16-master": "#ff7f0e", "mixed": "#1f77b4", "bf16-mixed": "#9467bd"}
+COLORS = {"fp32": "#000000", "fp16": "#d62728", "fp16-master": "#ff7f0e", "mixed": "#1f77b4", "bf16-mixed": "#9467bd",
+          "fp8": "#2ca02c", "fp8-current": "#17becf", "mxfp8": "#8c564b"}  # fmt: skip
 LINE_WIDTH = 1.4  # points
 HIDDEN_DASHES = (0, (4.0, 3.0))  # a curve drawn over another is dashed, so the one beneath shows through
 TINY_LR = 0.01  # "the learning rate has reached ~0": below 1% of its peak
@@ -426,6 +427,8 @@ def write_figures(document: dict[str, Any], folder: Path) -> list[Path]:
     A figure with nothing to show (no regime measured anything) is not written, so the
     list returned names only files that exist.
     """
+    from tinyamp.experiments import fp8_report  # (it imports this module's helpers)
+
     paths = []
     for name, task in document["tasks"].items():
         what = "digits MLP" if name == "mlp" else "char transformer"
@@ -437,6 +440,12 @@ def write_figures(document: dict[str, Any], folder: Path) -> list[Path]:
         ):
             if fig is not None:
                 path = folder / f"{name}_{kind}.png"
+                fig.savefig(path)
+                paths.append(path)
+        for regime, result in task["regimes"].items():  # each FP8 regime: its tensors' scales and counts
+            fig = fp8_report.draw_fp8_tensors(result, f"{what}, {regime}")
+            if fig is not None:
+                path = folder / f"{name}_{regime}_tensors.png"
                 fig.savefig(path)
                 paths.append(path)
     return paths

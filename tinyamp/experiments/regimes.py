@@ -8,6 +8,9 @@ regime           weights   activations  master weights  loss scaling  what it sh
 ``fp16-master``  FP16      FP16         FP32            no            small gradients underflow
 ``mixed``        FP16      FP16         FP32            dynamic       both repaired: FP32's result
 ``bf16-mixed``   BF16      BF16         FP32            no            BF16 has FP32's range
+``fp8``          FP32      FP32         (the weights)   no            FP8 products, delayed scales
+``fp8-current``  FP32      FP32         (the weights)   no            the same, current scales
+``mxfp8``        FP32      FP32         (the weights)   no            a scale per 32 values
 ===============  ========  ===========  ==============  ============  =============================
 
 Every 16-bit regime runs its forward pass under the same ``autocast`` policy (matrix
@@ -15,6 +18,13 @@ products in 16 bits with FP32 accumulation; softmax and the loss in FP32), so tw
 neighbouring rows differ in exactly one mechanism.  "No loss scaling" is a
 ``LossScaler(mode="off")``: the scale is 1, but a step whose gradients are not finite is
 still skipped and counted rather than written into the weights.
+
+The FP8 regimes (``tinyamp.fp8.training``) keep FP32 weights, which are their master
+weights, and run each Linear layer's three products (forward, dgrad, wgrad) on FP8 inputs
+under ``fp8_training(name).autocast(model)``: E4M3 for activations and weights, E5M2 for
+gradients, every tensor's scale recorded.  Everything else runs in FP32.  Their scales
+replace loss scaling (``scaler="off"``), whose check still skips a step whose gradients are
+not finite, as a NaN or inf cast to FP8 makes them.  They are emulated on NumPy: CPU only.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import numpy as np
 
 from tinyamp.amp import PRESETS, LossScaler, MasterWeights, StepReport, autocast
 from tinyamp.experiments.measure import LostUpdateMeter
+from tinyamp.fp8.training import RECIPES as FP8_RECIPES
+from tinyamp.fp8.training import Fp8Casts, fp8_training
 from tinyamp.nn.module import Module
 from tinyamp.optim.optimizer import Optimizer
 from tinyamp.tensor import Tensor
@@ -46,6 +58,7 @@ class Regime:
     master_weights: bool  # an FP32 master copy takes the optimizer's updates
     scaler: str  # the default loss scaler: a preset name, "static" or "off"
     summary: str
+    fp8: str | None = None  # the FP8 recipe of the Linear layers' products (tinyamp.fp8.training.RECIPES)
 
     @property
     def low_precision(self) -> str | None:
@@ -61,6 +74,7 @@ REGIMES: dict[str, Regime] = {
         Regime("fp16-master", "float16", "float16", True, "off", "FP16 weights with FP32 masters; no loss scaling"),
         Regime("mixed", "float16", "float16", True, "pytorch", "FP16 compute, FP32 masters, dynamic loss scaling"),
         Regime("bf16-mixed", "bfloat16", "bfloat16", True, "off", "BF16 compute, FP32 masters; no scaling needed"),
+        *(Regime(name, "float32", None, False, "off", summary, fp8=name) for name, summary in FP8_RECIPES.items()),
     )
 }
 
@@ -94,9 +108,12 @@ class Setup:
     optimizer: Optimizer | MasterWeights
     scaler: LossScaler
     lost_updates: LostUpdateMeter | None  # for 16-bit weights without a master
+    fp8: Fp8Casts | None = None  # the FP8 regimes' casts: every tensor's scale and record
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The forward-pass context of this regime (autocast, or nothing for FP32)."""
+        """The forward-pass context of this regime (autocast, FP8 Linear products, or nothing for FP32)."""
+        if self.fp8 is not None:
+            return self.fp8.autocast(self.model)
         if self.regime.activations is None:
             return contextlib.nullcontext()
         return autocast(self.regime.activations)
@@ -155,4 +172,5 @@ def build(
         optimizer = MasterWeights(optimizer)
     elif regime.weights != "float32":
         meter = LostUpdateMeter(optimizer)
-    return Setup(regime, model, optimizer, make_scaler(scaler or regime.scaler), meter)
+    casts = None if regime.fp8 is None else fp8_training(regime.fp8)
+    return Setup(regime, model, optimizer, make_scaler(scaler or regime.scaler), meter, casts)

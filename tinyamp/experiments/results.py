@@ -57,6 +57,7 @@ class RegimeResult:
     stopped: str | None = None  # why the run ended before its last step (the loss scale underflowed to 0)
     first_step: int = 0  # the step of series[0]: 0, or where a run resumed from a checkpoint without a history
     resumed_at: list[int] = field(default_factory=list)  # the steps where the run was resumed
+    fp8: dict[str, Any] = field(default_factory=dict)  # FP8 regimes: every cast tensor's scales and counts per step
 
     def to_json(self) -> dict[str, Any]:
         """A dict with only JSON values (NaN becomes None)."""

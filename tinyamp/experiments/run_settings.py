@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 MODELS = ("mlp", "transformer")
-PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed")
+PRECISIONS = ("fp32", "fp16", "fp16-master", "mixed", "bf16-mixed", "fp8", "fp8-current", "mxfp8")
 SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
 SCHEDULES = ("cosine", "constant")
 MAX_SEED = 2**63 - 1  # NumPy's generators take any non-negative integer; this bound keeps it an int64
@@ -90,7 +90,7 @@ def checked_stored(saved: Any, path: str) -> dict[str, Any]:
     return {name: saved[name] for name in STORED}
 
 
-EXTRA_SECTIONS = ("train", "distributed", "history")  # what `tinyamp train` stores in a checkpoint's extra
+EXTRA_SECTIONS = ("train", "distributed", "history", "fp8")  # what `tinyamp train` stores in a checkpoint's extra
 
 
 def checked_extra(extra: Any, path: str) -> dict[str, Any]:

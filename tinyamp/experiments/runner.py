@@ -43,9 +43,15 @@ def load_widened(reference: Module, model: Module) -> Module:
 
 
 def demo_regimes(device: str = "cpu") -> list[str]:
-    """The regimes the demo compares: all of them, bf16-mixed when ml_dtypes is installed and
-    the device is the CPU (tinyamp's GPU code is FP16 only)."""
-    return [name for name in REGIMES if name != "bf16-mixed" or (bfloat16_available() and device == "cpu")]
+    """The regimes the demo compares: the 16-bit ones, bf16-mixed when ml_dtypes is installed and the
+    device is the CPU (tinyamp's GPU code is FP16 only), and fp8 (delayed scaling) on the CPU."""
+
+    def shown(name: str) -> bool:
+        if name == "bf16-mixed":
+            return bfloat16_available() and device == "cpu"
+        return REGIMES[name].fp8 is None or (name == "fp8" and device == "cpu")  # one FP8 row: the others are alike
+
+    return [name for name in REGIMES if shown(name)]
 
 
 def run_regime(
@@ -187,6 +193,7 @@ def run_regime(
         stopped=stopped,
         first_step=first,
         resumed_at=list(history["resumed_at"]),
+        fp8={} if setup.fp8 is None else setup.fp8.summary(),
     )
     return result, setup
 

@@ -13,7 +13,9 @@ Beside it, read next: ``blocks`` (block scaling: MXFP8, NVFP4 and DeepSeek-V3's 
 scale per block of 16 to 128 x 128 values), a module of its own with a budget of its own
 (at most 150 lines), since the chapter had 17 of its 400 lines left.
 Around them, off the reading path: ``scales`` (a model's tensors by name, a format per pass),
-``scaling_checks`` (the refusals of bad settings and damaged states) and ``tables``.
+``scaling_checks`` (the refusals of bad settings and damaged states), ``tables``, and
+``training`` with ``training_state``: training with FP8 Linear products (``tinyamp train
+--precision fp8``, ``fp8-current`` or ``mxfp8``) and its scales in a checkpoint.
 ``ml_dtypes`` is never needed: the tests use it as the reference the hand-written casts meet.
 """
 
