@@ -24,10 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the working tree's tinyamp, installed or not
 
+from tinyamp.engine.fast.allocator import keep_freed_memory  # noqa: E402
 from tinyamp.experiments.blas_threads import one_blas_thread  # noqa: E402
 from tinyamp.experiments.runner import run_regime  # noqa: E402
 from tinyamp.experiments.tasks import CharTransformer, DigitsMLP  # noqa: E402
-from tinyamp.fast.allocator import keep_freed_memory  # noqa: E402
 
 REGIMES = ("fp32", "bf16-mixed", "fp8", "fp8-current", "mxfp8")
 
