@@ -8,7 +8,9 @@ by cell, and the syllabus (tutorials/README.md) for listing each one with its qu
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,8 @@ TUTORIALS = NUMBERED + APPENDICES
 NAMES = [p.name for p in TUTORIALS]
 CELL_MARKERS = ("# %%", "# %% [markdown]")
 TIMEOUT_S = 300  # each tutorial takes seconds; this only stops a hung one
+# Tutorials that write NN_quoted.json: the phrases with measured figures that their syllabus answers quote.
+QUOTES_ITS_ANSWERS = ("10_eight_bits.py",)
 
 
 def cells(path: Path) -> list[tuple[str, list[str]]]:
@@ -94,6 +98,28 @@ def test_the_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path, mon
     assert figures, f"{name} wrote no PNG starting with {name[:2]!r} to TINYAMP_TUTORIAL_OUT; it wrote {written}"
     if images is not None:  # every figure it saves is also drawn in the notebook, under its cell
         assert images >= len(figures), f"{name}: {len(figures)} figures saved, {images} drawn inline"
+    if name in QUOTES_ITS_ANSWERS:
+        check_the_answers_quote_the_run(name, tmp_path / f"{name[:2]}_quoted.json")
+
+
+def answers(lesson: str) -> str:
+    """The answers of lesson `lesson` ("5", "10", "A1") in tutorials/README.md, whitespace collapsed."""
+    syllabus = (ROOT / "tutorials" / "README.md").read_text(encoding="utf-8")
+    found = re.search(rf"^### {re.escape(lesson)}\. .*?<details>(.*?)</details>", syllabus, flags=re.S | re.M)
+    assert found, f"tutorials/README.md has no answers for lesson {lesson} ('### {lesson}. ...' then <details>)"
+    return " ".join(found.group(1).split())
+
+
+def check_the_answers_quote_the_run(name: str, quoted: Path) -> None:
+    """Every phrase the tutorial wrote (its figures, from this run) appears in its lesson's answers."""
+    assert quoted.is_file(), f"{name} wrote no {quoted.name}: the phrases its syllabus answers quote"
+    phrases = [p for section in json.loads(quoted.read_text()).values() for p in section]
+    text = answers(name[:2].lstrip("0"))
+    missing = [p for p in phrases if " ".join(p.split()) not in text]
+    assert phrases and not missing, (
+        f"tutorials/README.md's answers to lesson {name[:2].lstrip('0')} do not say what {name} measured in this "
+        f"run: {missing}"
+    )
 
 
 def run_as_notebook(path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> int:
