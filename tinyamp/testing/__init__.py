@@ -19,6 +19,8 @@ them (``counterexamples.reported_at_the_call``).
 * ``check_backward(fn)``: a backward against float64 finite differences on drawn shapes;
 * ``check_skip(step_fn)``: an overflowed step changes no weight and no optimizer moment;
 * ``check_master_step(step_fn)``: the update in FP32, the round back, lost updates counted;
+* ``check_delayed_scaling(make_scaling)``: an FP8 delayed-scaling recipe (amax history, margin,
+  the held and clamped scales), step by step, against tinyamp's rule;
 * ``strategies``: the hypothesis strategies tinyamp's own tests use.
 
 Needs hypothesis (``pip install hypothesis``); ``import tinyamp`` alone never imports it.
@@ -31,9 +33,13 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from tinyamp.testing import strategies
 from tinyamp.testing.backward import check_backward
+from tinyamp.testing.delayed_scaling import check_delayed_scaling
 from tinyamp.testing.master_step import check_master_step
 from tinyamp.testing.rounding import check_rounding
 from tinyamp.testing.scaler import check_scaler
 from tinyamp.testing.skip import check_skip
 
-__all__ = ["check_scaler", "check_rounding", "check_backward", "check_skip", "check_master_step", "strategies"]
+__all__ = [
+    "check_scaler", "check_rounding", "check_backward", "check_skip", "check_master_step", "check_delayed_scaling",
+    "strategies",
+]  # fmt: skip

@@ -12,6 +12,9 @@ The mixed-precision ones, at the end of this file:
 * ``gradient_arrays(underflow_share=...)``: FP32 gradients of which an exact share underflows in FP16;
 * ``overflow_flags()``: runs of clean steps and overflows, long enough to reach a scale's
   ceiling and floor; ``scaler_settings(preset)``: settings sized for that.
+* ``fp8_rounding_points(name)``: the float32 values where rounding to E4M3, E5M2 or E2M1 is
+  decided; ``amax_values()``: one step's amax with 0, inf, NaN and float32-overflowing scales
+  weighted; ``delayed_scaling_settings()``: the settings ``check_delayed_scaling`` draws.
 
 Sizes are small on purpose (each axis 1..5, at most 3 axes, so at most 125 elements):
 a finite-difference gradient check evaluates the function twice per element.
@@ -42,7 +45,8 @@ __all__ = [
     "scaler_configs", "gradscaler_settings", "gradient_values", "shapes_then", "half_arrays", "lost_update_cases",
     "bit_pattern_arrays", "json_values", "half_floats", "float16_boundary_floats", "integer_half_arrays",
     "tensor_core_shape_pairs", "mlp_sizes", "depth_and_segment", "float32_bit_patterns", "float16_bit_patterns",
-    "multiples_of_smallest_subnormal", "draw_sizes",
+    "multiples_of_smallest_subnormal", "draw_sizes", "FP8_FORMAT_NAMES", "fp8_rounding_points", "fp8_format_names",
+    "fp8_rounding_arrays", "amax_values", "scaling_recipe_settings", "delayed_scaling_settings", "amax_sequences",
 ]  # fmt: skip
 
 MAX_SIDE = 5
@@ -650,4 +654,89 @@ def scaler_settings(draw: Any, preset: str = "pytorch") -> dict[str, Any]:
         growth_interval=draw(st.integers(1, 6)),
         min_scale=min_scale,
         max_scale=max_scale,
+    )
+
+
+# ---- FP8: formats and per-tensor scaling (tests/test_fp8_*.py, check_delayed_scaling, Exercises 10.x) -----
+FP8_FORMAT_NAMES = ("E4M3", "E5M2", "E2M1")  # E2M1 is FP4, for the block formats
+
+
+def fp8_rounding_points(name: str) -> np.ndarray:
+    """float32 values where rounding to FP8/FP4 format `name` is decided, both signs: every finite
+    value, every midpoint between neighbours (a tie), the midpoint above the largest value (the
+    overflow edge without saturation), half the smallest subnormal, and the float32 values on
+    either side of each; then inf and the smallest and largest float32."""
+    from tinyamp.fp8.formats import get_format
+
+    f = get_format(name)
+    values = np.unique(np.abs(f.values[np.isfinite(f.values)]).astype(np.float64))
+    top_ulp = values[-1] - values[-2]
+    mids = np.concatenate([(values[:-1] + values[1:]) / 2, [values[-1] + top_ulp / 2, f.min_subnormal / 2]])
+    bits = np.concatenate([values, mids]).astype(np.float32).view(np.uint32).astype(np.int64)
+    near = np.unique(np.concatenate([bits - 1, bits, bits + 1]).clip(0, 0x7F7FFFFF)).astype(np.uint32)
+    tiny_and_huge = np.array([1, 0x7F7FFFFF, 0x7F800000], np.uint32)  # float32's smallest, largest, inf
+    magnitudes = np.concatenate([near, tiny_and_huge]).view(np.float32)
+    return np.concatenate([magnitudes, -magnitudes])
+
+
+def fp8_format_names(with_fp4: bool = True) -> st.SearchStrategy[str]:
+    """The names of the hand-written formats: "E4M3", "E5M2" (and "E2M1", FP4)."""
+    return st.sampled_from(FP8_FORMAT_NAMES if with_fp4 else FP8_FORMAT_NAMES[:2])
+
+
+def fp8_rounding_arrays(max_size: int = 64) -> st.SearchStrategy[tuple[str, np.ndarray]]:
+    """(format name, float32 array) with the array's values drawn from that format's rounding points."""
+
+    def arrays(name: str) -> st.SearchStrategy[tuple[str, np.ndarray]]:
+        points = st.sampled_from(fp8_rounding_points(name).tolist())
+        return st.lists(points, min_size=1, max_size=max_size).map(lambda v: (name, np.array(v, np.float32)))
+
+    return fp8_format_names().flatmap(arrays)
+
+
+def amax_values() -> st.SearchStrategy[float]:
+    """One step's amax, edge cases weighted: 0, inf, NaN, amaxes so small that 448/amax
+    overflows float32 (a clamped scale), and positive float32 values of any size."""
+    edges = st.sampled_from([0.0, float("inf"), float("nan"), 1e-45, 1e-40, 2.0**-126, 3.4e38, 1.0, 448.0])
+    return st.one_of(edges, st.floats(2.0**-126, 2.0**126, width=32))
+
+
+def scaling_recipe_settings() -> st.SearchStrategy[dict]:
+    """Keyword arguments of ``tinyamp.fp8.scaling.ScalingRecipe``, with short histories."""
+    return st.fixed_dictionaries({
+        "recipe": st.sampled_from(["delayed", "current"]),
+        "fp8_format": st.sampled_from(["HYBRID", "E4M3", "E5M2"]),
+        "margin": st.integers(0, 4),
+        "amax_history_len": st.integers(1, 6),
+        "amax_compute_algo": st.sampled_from(["max", "most_recent"]),
+    })  # fmt: skip
+
+
+def delayed_scaling_settings(
+    fp8_max: tuple[float, ...] = (448.0, 57344.0), **pinned: Any
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Keywords ``fp8_max, margin, amax_history_len, amax_compute_algo`` of a delayed-scaling recipe.
+
+    Short histories (1..6 steps, so that a spike leaves the window within a few steps) and
+    Transformer Engine's 1024; margins 0..4 and 20.  (Not beyond 30: from a margin of 31,
+    float32(448 * 2^-margin) / amax underflows to 0 for float32's largest amax, 38 for
+    57344, and the rule does not guard against a scale of 0.)  A keyword given in `pinned` is
+    that value in every example.
+    """
+    drawn = {
+        "fp8_max": st.sampled_from(fp8_max),
+        "margin": st.sampled_from([0, 1, 2, 3, 4, 20]),  # sampled_from shrinks to its first element
+        "amax_history_len": st.sampled_from([1, 2, 3, 4, 5, 6, 1024]),
+        "amax_compute_algo": st.sampled_from(["max", "most_recent"]),
+    }
+    return st.fixed_dictionaries({k: st.just(pinned[k]) if k in pinned else v for k, v in drawn.items()})
+
+
+def amax_sequences(max_size: int = 30, nan: bool = True) -> st.SearchStrategy[list[float]]:
+    """One amax per step (float32 values as Python floats): ``amax_values()`` and spikes 2^10 to 2^40
+    times an ordinary amax of 1..2; without NaN when `nan` is False."""
+    values = amax_values() if nan else amax_values().filter(lambda v: v == v)
+    spikes = st.tuples(st.floats(1.0, 2.0, width=32), st.integers(10, 40)).map(lambda a_k: a_k[0] * 2.0 ** a_k[1])
+    return st.lists(values | spikes, min_size=1, max_size=max_size).map(
+        lambda amaxes: [float(np.float32(a)) for a in amaxes]
     )
