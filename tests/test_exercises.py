@@ -26,6 +26,7 @@ from tinyamp.exercises.solutions import loss_scaling as scaling_solutions
 from tinyamp.exercises.solutions import master_weights as master_solutions
 from tinyamp.exercises.solutions import op_policy as policy_solutions
 from tinyamp.exercises.solutions.checkpointing import CheckpointedSegment
+from tinyamp.exercises.source_checks import float8_mention
 from tinyamp.exercises.workspace import write_workspace
 from tinyamp.function import Function
 from tinyamp.grad_mode import enable_grad
@@ -121,7 +122,7 @@ def test_the_lab_plan_adds_up_the_reading_and_the_exercise_times_and_fits_two_ho
     exercises_table = dict(re.findall(r"^\| \d \| (\d\.\d) .* \| ~(\d+) min \|$", text, re.M))
     assert exercises_table == {e.number: str(e.minutes) for e in EXERCISES}  # the table's times are the catalog's
     plan = re.findall(r"^\| (\d) \| ([^|]+) \| ~(\d+) min \| exercises? ([\d., ]+) \| ~(\d+) min \|$", text, re.M)
-    assert [lab for lab, *_ in plan] == ["1", "2", "3", "4"]
+    assert [lab for lab, *_ in plan] == ["1", "2", "3", "4", "5"]
     planned = []
     for _lab, tutorials, to_read, numbers, to_write in plan:
         read, written = tutorials_in_words(tutorials), [find(n.strip()) for n in numbers.split(",")]
@@ -801,6 +802,16 @@ def test_float16_conversions_are_found_but_a_view_of_bits_is_allowed() -> None:
     assert found("np.float16(x)") == "line 3: float16(...)"
     assert found("np.asarray(x, dtype=np.half)") == "line 3: dtype=float16"
     assert found("x.view(np.float16)") == found("x.astype(np.uint16)") == ""
+
+
+def test_other_packages_are_followed_when_asked_and_fp8_type_names_are_found_outside_docstrings() -> None:
+    body = '    """Not float8_e4m3fn: prose."""\n    return x.astype(md.float8_e5m2)\n'
+    source = f"import ml_dtypes as md\ndef f(x):\n{body}"
+    assert tinyamp_names_used(source, "f") == set()  # tinyamp's names only, unless asked
+    assert tinyamp_names_used(source, "f", ("tinyamp", "ml_dtypes")) == {"ml_dtypes", "ml_dtypes.float8_e5m2"}
+    assert float8_mention(source, "f") == "line 4: float8_e5m2"  # the docstring's float8_e4m3fn is prose
+    assert float8_mention('def f(x):\n    return x.astype("float8_e4m3fn")\n', "f") == "line 2: float8_e4m3fn"
+    assert float8_mention('def f(x):\n    """float8, in words."""\n    return x\n', "f") == ""
 
 
 def test_grade_reports_not_started_and_passed(tmp_path: Path, solutions_workspace: Path) -> None:

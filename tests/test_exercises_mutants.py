@@ -7,7 +7,7 @@ the conversion (or tinyamp's own implementation) the exercise forbids reached th
 workspace and graded as ``tinyamp exercises check`` grades it (the default, deterministic
 examples): it must fail, with a reason that names the rule it broke.
 
-Covered: every exercise (1.1 to 9.1).
+Covered: every exercise (1.1 to 10.3).
 """
 
 from __future__ import annotations
@@ -588,6 +588,171 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "n = len(grads)\n",
         "n = len(grads)\n    d = __import__('importlib').import_module('tinyamp.distributed')\n",
         r"uses tinyamp\.distributed, tinyamp's own version of what Exercise 9\.1",
+    ),
+    # ---- 10.1 round_to_e4m3 ------------------------------------------------------------------------------------------
+    (
+        "ex10_1",
+        "ties away from zero",
+        "value = np.rint(magnitude / gap) * gap",
+        "value = np.floor(magnitude / gap + 0.5) * gap",
+        r"x\.flat\[0\] = 25 yours gives 0x5d = 0 1011 101 \(26\); .* exactly halfway between the neighbours 24 and "
+        r"26: a tie goes to the one whose last mantissa bit is 0, 24",
+    ),
+    (
+        "ex10_1",
+        "truncated, not rounded",
+        "value = np.rint(magnitude / gap) * gap",
+        "value = np.trunc(magnitude / gap) * gap",
+        r"yours gives 0x\w\w = .*; the saturating cast gives 0x\w\w = .*(halfway between|rounds to the nearer)",
+    ),
+    (
+        "ex10_1",
+        "no saturation: NaN beyond 464, as ml_dtypes' cast",
+        "np.minimum(np.abs(np.where(nan, np.float32(0), x).astype(np.float64)), 448.0)",
+        "np.abs(np.where(nan, np.float32(0), x).astype(np.float64))",
+        r"= 465 yours gives 0x7f = 0 1111 111 \(NaN\); the saturating cast gives 0x7e = 0 1111 110 \(448\): 465 is "
+        r"beyond E4M3's largest value 448: the recipes' cast saturates it",
+    ),
+    (
+        "ex10_1",
+        "NaN written as 0",
+        "return np.where(nan, np.uint8(0x7F) | sign, code).astype(np.uint8)",
+        "return code",
+        r"x\.flat\[0\] = nan yours gives 0x00 .*: x is NaN, and E4M3's only NaN is s\.1111\.111",
+    ),
+    (
+        "ex10_1",
+        "subnormals flushed",
+        "gap = np.exp2(np.maximum(k, -6) - 3)",
+        "gap = np.exp2(k - 3)",
+        r"yours gives 0x00 = 0 0000 000 \(0\); the saturating cast gives 0x01 = 0 0000 001 \(2\^-9\): below 2\^-6 "
+        r"E4M3's values are the subnormals, the multiples of 2\^-9",
+    ),
+    (
+        "ex10_1",
+        "the sign dropped",
+        "code = code.astype(np.uint8) | sign",
+        "code = code.astype(np.uint8)",
+        r"x\.flat\[0\] = -0 yours gives 0x00 .*: the sign bit \(bit 7\) is x's own, -0\.0 included",
+    ),
+    (
+        "ex10_1",
+        "ml_dtypes' cast after a clip",
+        "    x = np.asarray(x, dtype=np.float32)\n    sign",
+        "    import ml_dtypes\n    return np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)\n"
+        "    sign",
+        r"uses ml_dtypes(\.float8_e4m3fn)?, a library's version of what Exercise 10\.1 asks you to build",
+    ),
+    (
+        "ex10_1",
+        "an FP8 dtype by its name",
+        "    x = np.asarray(x, dtype=np.float32)\n    sign",
+        "    return np.clip(x, -448, 448).astype('float8_e4m3fn').view(np.uint8)\n    sign",
+        r"names an FP8 type \(line \d+: float8_e4m3fn\): Exercise 10\.1 asks you to round by hand",
+    ),
+    (
+        "ex10_1",
+        "tinyamp's cast through __import__",
+        "    x = np.asarray(x, dtype=np.float32)\n    sign",
+        "    return __import__('tinyamp.fp8.formats', fromlist=['e']).encode(x, 'E4M3')\n    sign",
+        r"uses tinyamp\.fp8\.formats, tinyamp's own version of what Exercise 10\.1",
+    ),
+    # ---- 10.2 DelayedScaling -----------------------------------------------------------------------------------------
+    (
+        "ex10_2",
+        "an amax of 0 divides",
+        "        if not (np.isfinite(r) and r > 0):\n            return\n",
+        "        if not np.isfinite(r):\n            return\n",
+        r"after the amaxes 0 your scale is 3\.40\d*e\+38, tinyamp's rule says 1: the reduced amax .* is 0, nothing "
+        r"measured: the previous scale is kept",
+    ),
+    (
+        "ex10_2",
+        "a NaN amax written into the history",
+        "        if math.isnan(amax):\n            return\n",
+        "",
+        r"after the amaxes 2, nan your amax_history is \[2, nan\] .*a NaN amax is not written",
+    ),
+    (
+        "ex10_2",
+        "an inf amax gives a scale of 0",
+        "        if not (np.isfinite(r) and r > 0):\n            return\n",
+        "        if not r > 0:\n            return\n",
+        r"after the amaxes 2, inf your scale is 0, tinyamp's rule says 224: .* is inf: the previous scale is kept",
+    ),
+    (
+        "ex10_2",
+        "the overflow left at inf",
+        "self.scale = float(scale) if np.isfinite(scale) else float(np.finfo(np.float32).max)",
+        "self.scale = float(scale)",
+        r"after the amaxes 2\^-149 your scale is inf, .* overflows float32 .*: the scale becomes float32's largest "
+        r"value 3\.40\d*e\+38, not inf",
+    ),
+    (
+        "ex10_2",
+        "margin ignored",
+        "np.float32(self.fp8_max * 2.0**-self.margin)",
+        "np.float32(self.fp8_max)",
+        r"margin=1, .* your scale is 224, tinyamp's rule says 112: scale = float32\(448 \* 2\^-1\) / 2",
+    ),
+    (
+        "ex10_2",
+        "most_recent ignored",
+        'r = self.amax_history.max() if self.amax_compute_algo == "max" else self.amax_history[-1]',
+        "r = self.amax_history.max()",
+        r"after the amaxes 2, 200, 3 your scale is 1\.12\d*, tinyamp's rule says 74\.66\d*: .*where 3 is the newest",
+    ),
+    (
+        "ex10_2",
+        "an amax of 0 not written (TE's bulk kernel)",
+        "        self.amax_history = np.append(",
+        "        if amax == 0:\n            return\n        self.amax_history = np.append(",
+        r"after the amaxes 0, 2, 0 your amax_history is \[0, 0, 2\] .*the rule's is \[0, 2, 0\] .*a 0 included",
+    ),
+    # ---- 10.3 mx_block_scales ----------------------------------------------------------------------------------------
+    (
+        "ex10_3",
+        "the exponent rounded up",
+        "e = np.where(amax > 0, k - emax_elem, -127)",
+        "e = np.where(amax > 0, np.ceil(np.log2(np.where(amax > 0, amax, 1))).astype(int) - emax_elem, -127)",
+        r"yours gives the byte \d+ \(2\^-?\d+\), the OCP rule gives \d+ .*: e = floor\(log2 amax\) - emax_elem = "
+        r".*yours is that exponent rounded up \(Transformer Engine's choice\)",
+    ),
+    (
+        "ex10_3",
+        "log2 in float32",
+        "k = np.frexp(amax)[1] - 1",
+        "k = np.floor(np.log2(amax.astype(np.float32))).astype(int)",
+        r"log2 in float32 rounds \S+ up to exactly \d+: take the exponent exactly \(np\.frexp\)",
+    ),
+    (
+        "ex10_3",
+        "no clamp to E8M0's range",
+        "return (np.clip(e, -127, 127) + 127).astype(np.uint8)",
+        "return (e + 127).astype(np.uint8)",
+        r"the OCP rule gives 0 \(2\^-127\): e = .* below E8M0's smallest exponent: clamp e to -127",
+    ),
+    (
+        "ex10_3",
+        "emax_elem as log2 448",
+        "e = np.where(amax > 0, k - emax_elem, -127)",
+        "e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1)) - np.log2({'E4M3': 448.0, 'E5M2': "
+        "57344.0}[fmt])).astype(int), -127)",
+        r"yours is one lower: emax_elem is the exponent of the largest value's binade, (8|15) = floor\(log2 ",
+    ),
+    (
+        "ex10_3",
+        "E4M3's emax_elem for E5M2",
+        'emax_elem = {"E4M3": 8, "E5M2": 15}[fmt]',
+        "emax_elem = 8",
+        r"fmt = 'E5M2'.*E5M2's emax_elem is 15 \(its largest value is 57344 = 1\.75 \* 2\^15\), not E4M3's 8",
+    ),
+    (
+        "ex10_3",
+        "a block of zeros given an exponent",
+        "e = np.where(amax > 0, k - emax_elem, -127)",
+        "e = k - emax_elem",
+        r"has amax 0; yours gives the byte \d+ .*: a block of zeros has no amax; it gets e = -127, the byte 0",
     ),
 ]
 

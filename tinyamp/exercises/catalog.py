@@ -28,6 +28,7 @@ class Exercise:
     examples: int  # hypothesis examples per property in a normal check; --deep runs DEEP times as many
     forbidden: tuple[str, ...] = ()  # tinyamp's own implementations of the mechanism, which the stub must not use
     no_float16_casts: bool = False  # the point is to round by hand: no astype(float16), np.float16(x), dtype=float16
+    no_float8_casts: bool = False  # the same for FP8: no ml_dtypes' float8 types, by name or by dtype string
     by_hand: str = "do the rounding yourself (build the bits and .view(np.float16) them)"  # what to do instead
     points: int = 1  # what passing it is worth in --json and --format gradescope (failed or not started: 0)
     # the time a student should expect for writing it, once the reading is done: an estimate for planning a lab
@@ -54,7 +55,9 @@ T5 = "tutorials/05_loss_scaling.py"
 T6 = "tutorials/06_the_op_policy.py"
 T7 = "tutorials/07_memory_and_checkpointing.py"
 T9 = "tutorials/09_mixed_precision_across_processes.py"
+T10 = "tutorials/10_eight_bits.py"
 A1 = "tutorials/A1_inside_the_converters.py"
+FP8_OWN = ("tinyamp.fp8", "tinyamp.testing", "tinyamp.exercises", "ml_dtypes")  # tinyamp's FP8 and the reference casts
 
 EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex1_1", "1.1", "float32 to float16 with one float32 addition", "formats", "round_to_float16",
@@ -103,6 +106,17 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex9_1", "9.1", "the mean gradient of N ranks, in rank order", "data_parallel",
              "mean_gradient", "grade_mean_gradient", f"{T9}, section 1 (The sum across ranks, and its dtype)", 200,
              ("tinyamp.distributed",), minutes=20),
+    Exercise("ex10_1", "10.1", "E4M3 by hand: saturate, round to nearest even", "eight_bits", "round_to_e4m3",
+             "grade_round_to_e4m3", f"{T10}, section 1 (FP8's range against a real gradient's); {T1}, section 3", 100,
+             FP8_OWN + ("tinyamp.rounding", "tinyamp.kernels"), no_float8_casts=True,
+             by_hand="round by hand (the gaps between E4M3 values, then the bit fields), not with ml_dtypes' cast",
+             minutes=40),
+    Exercise("ex10_2", "10.2", "the delayed-scaling update of an FP8 scale", "eight_bits",
+             "DelayedScaling", "grade_delayed_scaling", f"{T10}, section 3 (Delayed against current scaling, and "
+             "one spike)", 60, FP8_OWN, minutes=30),
+    Exercise("ex10_3", "10.3", "an MX block's shared scale, as E8M0 bytes", "eight_bits", "mx_block_scales",
+             "grade_mx_block_scales", f"{T10}, section 4 (Block scaling: a scale for every 32 values)", 100, FP8_OWN,
+             minutes=25),
 )  # fmt: skip
 
 BY_ID = {e.id: e for e in EXERCISES}

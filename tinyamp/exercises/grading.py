@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
-from tinyamp.exercises.source_checks import dynamic_access, float16_conversion, tinyamp_names_used
+from tinyamp.exercises.source_checks import dynamic_access, float8_mention, float16_conversion, tinyamp_names_used
 
 PASSED, NOT_STARTED, FAILED = "passed", "not started", "failed"
 
@@ -187,12 +187,22 @@ def load(exercise: Exercise, workspace: Path) -> Any:
             f"{exercise.name} reaches a name the grader cannot follow ({dynamic}): Exercise {exercise.number} must "
             f"not use {', '.join(exercise.forbidden)}, so the grader reads every name you use: write them directly"
         )
-    used = sorted(name for name in tinyamp_names_used(source, exercise.name) if _forbidden(name, exercise.forbidden))
+    roots = tuple(dict.fromkeys(["tinyamp", *(f.split(".")[0] for f in exercise.forbidden)]))
+    names = tinyamp_names_used(source, exercise.name, roots)
+    used = sorted(name for name in names if _forbidden(name, exercise.forbidden))
     if used:
+        whose = "tinyamp's own version" if used[0].startswith("tinyamp") else "a library's version"
         raise NotTheirs(
-            f"{exercise.name} uses {used[0]}, tinyamp's own version of what Exercise {exercise.number} asks you to "
-            "build: write it yourself"
+            f"{exercise.name} uses {used[0]}, {whose} of what Exercise {exercise.number} asks you to build: write it "
+            "yourself"
         )
+    if exercise.no_float8_casts:
+        mention = float8_mention(source, exercise.name)
+        if mention:
+            raise NotTheirs(
+                f"{exercise.name} names an FP8 type ({mention}): Exercise {exercise.number} asks you to "
+                f"{exercise.by_hand}"
+            )
     if exercise.no_float16_casts:
         cast = float16_conversion(source, exercise.name)
         if cast.endswith("<a dtype not written by name>)"):

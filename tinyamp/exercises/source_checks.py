@@ -5,13 +5,16 @@ class or assignment it names (a helper, ``HALF = np.float16``).  In that code:
 
 * ``tinyamp_names_used``: the dotted tinyamp names it refers to, through imports and aliases,
   ``getattr(x, "name")``, ``importlib.import_module("...")``, ``__import__("...")`` and any
-  string that names a tinyamp module;
+  string that names a tinyamp module (and the names of any other package it is asked about,
+  such as ml_dtypes);
 * ``dynamic_access``: a name it reaches in a way no reader can follow: ``getattr`` or an import
   with a computed name, ``eval``, ``exec``, ``globals()``...;
 * ``float16_conversion``: NumPy's conversion to float16, however it is spelled
   (``astype(np.float16)``, ``np.float16(v)``, ``dtype="e"``, ``np.asarray(x, np.half)``,
   ``getattr(np, "float16")``), or a dtype the reader cannot read; ``.view(np.float16)`` only
-  reinterprets bits and is allowed.
+  reinterprets bits and is allowed;
+* ``float8_mention``: a name or string that names one of ml_dtypes' FP8 types (``float8_e4m3fn``,
+  ``"float8_e5m2"``), which NumPy accepts as a dtype once ml_dtypes is imported anywhere.
 
 Where a name cannot be followed, the check refuses the code rather than guess: the message says
 to write the names directly.
@@ -94,8 +97,10 @@ def dotted(node: ast.AST | None, imported: dict[str, str] | None = None) -> str 
     return ".".join([first, *reversed(parts)])
 
 
-def tinyamp_names_used(source: str, name: str) -> set[str]:
+def tinyamp_names_used(source: str, name: str, roots: tuple[str, ...] = ("tinyamp",)) -> set[str]:
     """The dotted tinyamp names the definition of `name` reaches, through the module's imports and aliases.
+
+    `roots` are the packages looked for (tinyamp by default; an exercise adds e.g. "ml_dtypes").
 
     ``import tinyamp as ta`` then ``ta.amp.LossScaler(...)`` gives "tinyamp.amp.LossScaler";
     ``from tinyamp.rounding import round_to_float16`` then a call gives "tinyamp.rounding.round_to_float16";
@@ -111,7 +116,7 @@ def tinyamp_names_used(source: str, name: str) -> set[str]:
             full = dotted(node, imported) if isinstance(node, (ast.Name, ast.Attribute, ast.Call)) else None
             text = _string(node) if id(node) in passed else None  # a string handed over, not a docstring
             for candidate in (full, text):
-                if candidate and (candidate == "tinyamp" or candidate.startswith("tinyamp.")):
+                if candidate and any(candidate == r or candidate.startswith(r + ".") for r in roots):
                     used.add(candidate)
     return used
 
@@ -172,6 +177,29 @@ def float16_conversion(source: str, name: str) -> str:
             if any(not _names_a_dtype(arg, imported) for arg in dtypes):
                 return f"line {node.lineno}: {method}(<a dtype not written by name>)"
     return ""
+
+
+def float8_mention(source: str, name: str) -> str:
+    """The first name or string in the definition of `name` that names an FP8 type ("line 9: float8_e4m3fn").
+
+    Docstrings are prose, not code, and are not read.
+    """
+    tree = ast.parse(source)
+    for top in reachable(tree, name):
+        docstrings = {id(scope.body[0].value) for scope in ast.walk(top) if _has_docstring(scope)}
+        for node in ast.walk(top):
+            text = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = node.value
+            if text and "float8" in text.lower():
+                return f"line {node.lineno}: {text.strip()[:40]}"
+    return ""
+
+
+def _has_docstring(scope: ast.AST) -> bool:
+    body = getattr(scope, "body", None)
+    first = body[0] if isinstance(body, list) and body else None
+    return isinstance(first, ast.Expr) and _string(first.value) is not None
 
 
 def _call_in_words(node: ast.Call, method: str) -> str:
