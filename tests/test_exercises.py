@@ -844,7 +844,7 @@ def test_init_writes_the_stubs_or_the_solutions_and_never_over_a_workspace(
     assert 'raise NotImplementedError("Exercise 5.1: ' in stub and "self.growth_tracker = 0" not in stub
     ini = (tmp_path / "ws/pytest.ini").read_text()
     assert all(f"    {e.id}: Exercise {e.number}, " in ini for e in EXERCISES)
-    assert "wrote 12 files" in capsys.readouterr().out
+    assert f"wrote {len(written)} files" in capsys.readouterr().out  # the files listed above
     assert run("init", str(tmp_path / "ws")) == 2
     assert "ws/myamp already exists: init never writes over a workspace" in capsys.readouterr().err
     assert run("init", str(tmp_path / "sol"), "--solutions") == 0
