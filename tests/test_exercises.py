@@ -911,7 +911,7 @@ def test_pytest_markers_select_one_exercise_in_a_workspace(tmp_path: Path) -> No
         [sys.executable, "-m", "pytest", str(workspace), "-m", "ex1_2 or ex2_1", "-p", "no:cacheprovider"],
         capture_output=True, text=True, timeout=300, cwd=workspace, env=env,
     )  # fmt: skip
-    assert "1 failed, 1 passed, 12 deselected" in done.stdout, done.stdout + done.stderr
+    assert f"1 failed, 1 passed, {len(EXERCISES) - 2} deselected" in done.stdout, done.stdout + done.stderr
     assert "Exercise 2.1 is not started: write softmax_backward in myamp/backward.py" in done.stdout
 
 

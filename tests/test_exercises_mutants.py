@@ -448,8 +448,12 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "a loop that stops one parameter early",
         "for p in optimizer.params:",
         "for p in optimizer.params[:-1]:",
+        # with one parameter the loop checks nothing: a clean step is not taken, or an inf is not seen (which of
+        # the two the grader's examples meet first depends on hypothesis's draws, hence both)
         r"after your step the (weight|optimizer's \S+ of) w\d.*: unscale every gradient \(multiply by 1/scale in "
-        r"float32, round once to its dtype\), then call optimizer.step\(\) \(skip_or_step",
+        r"float32, round once to its dtype\), then call optimizer.step\(\) \(skip_or_step"
+        r"|an inf in the scaled gradient of w0, .*your step returned skipped=False, but an unscaled gradient is not "
+        r"finite",
     ),
     (
         "ex5_2",
@@ -595,8 +599,8 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "ties away from zero",
         "value = np.rint(magnitude / gap) * gap",
         "value = np.floor(magnitude / gap + 0.5) * gap",
-        r"x\.flat\[0\] = 25 yours gives 0x5d = 0 1011 101 \(26\); .* exactly halfway between the neighbours 24 and "
-        r"26: a tie goes to the one whose last mantissa bit is 0, 24",
+        r"yours gives 0x\w\w = .*; the saturating cast gives 0x\w\w = .*a tie (goes to the one whose last mantissa bit "
+        r"is 0|between 0 and 2\^-9, and goes to the even one, 0)",
     ),
     (
         "ex10_1",
@@ -618,15 +622,15 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "NaN written as 0",
         "return np.where(nan, np.uint8(0x7F) | sign, code).astype(np.uint8)",
         "return code",
-        r"x\.flat\[0\] = nan yours gives 0x00 .*: x is NaN, and E4M3's only NaN is s\.1111\.111",
+        r"= nan yours gives 0x00 .*: x is NaN, and E4M3's only NaN is s\.1111\.111",
     ),
     (
         "ex10_1",
         "subnormals flushed",
         "gap = np.exp2(np.maximum(k, -6) - 3)",
         "gap = np.exp2(k - 3)",
-        r"yours gives 0x00 = 0 0000 000 \(0\); the saturating cast gives 0x01 = 0 0000 001 \(2\^-9\): below 2\^-6 "
-        r"E4M3's values are the subnormals, the multiples of 2\^-9",
+        r"yours gives 0x0\w = 0 0000 0\d\d .*the saturating cast gives 0x0\w = 0 0000 0\d\d .*: below 2\^-6 E4M3's "
+        r"values are the subnormals, the multiples of 2\^-9",
     ),
     (
         "ex10_1",
