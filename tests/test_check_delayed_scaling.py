@@ -74,6 +74,16 @@ class NanWritten(DelayedScaling):
         super().update(amax)
 
 
+class InfWritten(DelayedScaling):
+    """Writes an inf amax into the history (and so holds the scale while it stays there)."""
+
+    def update(self, amax: float) -> None:
+        if math.isinf(amax):
+            self.amax_history = np.append(self.amax_history[1:], np.float32(amax))
+            return
+        super().update(amax)
+
+
 class OverflowsToInf(DelayedScaling):
     def update(self, amax: float) -> None:
         super().update(amax)
@@ -133,7 +143,12 @@ class HistoryDroppedOnLoad(DelayedScaling):
         ),
         (
             NanWritten,
-            r"after the amaxes 2, nan your amax_history is \[2, nan\] .*the rule's is \[0, 2\] .*a NaN amax "
+            r"after the amaxes 2, nan your amax_history is \[2, nan\] .*the rule's is \[0, 2\] .*a NaN or inf amax "
+            r"is not written",
+        ),
+        (
+            InfWritten,
+            r"after the amaxes 2, inf your amax_history is \[2, inf\] .*the rule's is \[0, 2\] .*a NaN or inf amax "
             r"is not written",
         ),
         (

@@ -108,7 +108,7 @@ def reading_minutes() -> dict[str, int]:
 
 def tutorials_in_words(text: str) -> set[str]:
     """ "tutorials 1 and 2, appendix A1" -> {"01", "02", "A1"}."""
-    return {n if n.startswith("A") else f"{int(n):02d}" for n in re.findall(r"\b(A\d|\d)\b", text)}
+    return {n if n.startswith("A") else f"{int(n):02d}" for n in re.findall(r"\b(A\d|\d+)\b", text)}
 
 
 def test_the_syllabus_reading_times_are_the_tutorials_own() -> None:
@@ -119,7 +119,7 @@ def test_the_syllabus_reading_times_are_the_tutorials_own() -> None:
 
 def test_the_lab_plan_adds_up_the_reading_and_the_exercise_times_and_fits_two_hours() -> None:
     reading, text = reading_minutes(), SYLLABUS.read_text(encoding="utf-8")
-    exercises_table = dict(re.findall(r"^\| \d \| (\d\.\d) .* \| ~(\d+) min \|$", text, re.M))
+    exercises_table = dict(re.findall(r"^\| \d \| (\d+\.\d) .* \| ~(\d+) min \|$", text, re.M))
     assert exercises_table == {e.number: str(e.minutes) for e in EXERCISES}  # the table's times are the catalog's
     plan = re.findall(r"^\| (\d) \| ([^|]+) \| ~(\d+) min \| exercises? ([\d., ]+) \| ~(\d+) min \|$", text, re.M)
     assert [lab for lab, *_ in plan] == ["1", "2", "3", "4", "5"]

@@ -79,7 +79,7 @@ def test_the_map_names_every_folder_of_the_package_once() -> None:
 
 def test_the_readme_lists_every_exercise_of_the_catalog() -> None:
     exercises = section(TEXT, "## Exercises")
-    listed = re.findall(r"^    (\d+\.\d+)  ", exercises, flags=re.M)
+    listed = re.findall(r"^    (\d+\.\d+) +", exercises, flags=re.M)
     assert listed == [e.number for e in EXERCISES]
     assert all(f"    {e.number:<4} {e.title}" in exercises for e in EXERCISES)
 

@@ -26,9 +26,10 @@ history is reduced (its largest entry, or its newest) to amax_r; then
                                                        (a float64 one rounded to float32 is the same:
                                                        53 >= 2 * 24 + 2 bits, so rounding twice is harmless)
 
-except that an amax_r of 0, inf or NaN keeps the previous scale, and a quotient that
-overflows float32 becomes float32's largest value (never inf).  A step whose amax is NaN
-keeps the scale and leaves the history as it was.  ``nan_amaxes=False`` leaves NaN out of
+except that an amax_r of 0 keeps the previous scale, and a quotient that overflows float32
+becomes float32's largest value (never inf).  A step whose amax is NaN or inf keeps the
+scale and leaves the history as it was (so the history never holds inf: one infinite
+activation would otherwise hold every scale for the whole window).  ``nan_amaxes=False`` leaves NaN out of
 the amaxes, for a recipe that decides otherwise (JAX's propagates NaN).
 
 The check feeds the recipe and tinyamp's ``TensorScaling`` the same amaxes: drawn sequences
@@ -143,7 +144,7 @@ class _Step:
     scale: float
     history: np.ndarray
     event: str  # rescaled, clamped, held
-    reduced: float  # the reduced amax (NaN on a NaN step)
+    reduced: float  # the reduced amax (NaN on a step whose amax is NaN or inf)
 
 
 class _Reference:
@@ -158,7 +159,7 @@ class _Reference:
         self.tensor.quantize(np.float32([amax]))
         t, algo = self.tensor, self.tensor.recipe.amax_compute_algo
         window = t.amax_history if algo == "max" else t.amax_history[-1:]
-        reduced = NAN if math.isnan(amax) else float(window.max())
+        reduced = float(window.max()) if math.isfinite(amax) else NAN
         return _Step(t.scale, t.amax_history.copy(), t.history[-1].event, reduced)
 
 
@@ -215,7 +216,8 @@ class _Check:
             raise AssertionError(
                 f"{where}: {when} your {self.history} is {values_in_words(history)}, the rule's is "
                 f"{values_in_words(want)} (oldest first): each step's amax is appended and the oldest dropped, a 0 "
-                f"included; a NaN amax is not written; zeros fill the {settings['amax_history_len']} places at first"
+                f"included; a NaN or inf amax is not written; zeros fill the {settings['amax_history_len']} places "
+                "at first"
             )
 
     def close(self, scale: float, expected: float) -> bool:
@@ -233,14 +235,12 @@ def clause(settings: dict[str, Any], amaxes: list[float], step: _Step) -> str:
         return "the first cast uses a scale of 1 (Transformer Engine's initial scale)"
     top, margin, n = number(settings["fp8_max"]), settings["margin"], settings["amax_history_len"]
     amax, reduced = amaxes[-1], step.reduced
-    if math.isnan(amax):
-        return "a step whose amax is NaN keeps the previous scale and leaves the history as it was"
+    if not math.isfinite(amax):
+        return "a step whose amax is NaN or inf keeps the previous scale and leaves the history as it was"
     window = f"the largest of the last {n} amaxes" if settings["amax_compute_algo"] == "max" and n > 1 else \
         "the newest amax" + (" (the history holds one)" if n == 1 else "")  # fmt: skip
-    if step.event == "held" and reduced == 0:
-        return f"the reduced amax ({window}) is 0, nothing measured: the previous scale is kept"
     if step.event == "held":
-        return f"the reduced amax ({window}) is inf: the previous scale is kept while the inf is in the history"
+        return f"the reduced amax ({window}) is 0, nothing measured: the previous scale is kept"
     quotient, reduced_is = f"float32({top} * 2^-{margin}) / {number(reduced)}", f"{number(reduced)} is {window}"
     if step.event == "clamped":
         return (f"{quotient} overflows float32 ({reduced_is}): the scale becomes float32's largest value "

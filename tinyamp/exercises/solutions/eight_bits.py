@@ -63,11 +63,12 @@ class DelayedScaling:
 
     Math, one step with this step's amax a:
 
-    * a is NaN: nothing was measured; scale and history stay as they are.
+    * a is NaN or inf: nothing was measured; scale and history stay as they are (an inf kept in
+      the history would hold the scale for the whole window).
     * otherwise append a to the history and drop the oldest entry (a = 0 too); reduce the
       history to r: its largest entry (``amax_compute_algo="max"``) or its newest
       (``"most_recent"``).
-    * r is 0 or inf: keep the previous scale (0 measured nothing; a scale from inf would be 0).
+    * r is 0: keep the previous scale (nothing was measured).
     * otherwise scale = float32(fp8_max * 2^-margin) / float32(r), one float32 division; if
       that overflows to inf, scale = float32's largest value 3.4028235e38, never inf.  (A
       float64 division rounded to float32 gives the same value: with 53 >= 2 * 24 + 2 bits,
@@ -88,11 +89,11 @@ class DelayedScaling:
 
     def update(self, amax: float) -> None:
         """One step: write this step's amax into the history, then compute the next cast's scale."""
-        if math.isnan(amax):
+        if not math.isfinite(amax):
             return
         self.amax_history = np.append(self.amax_history[1:], np.float32(amax))
         r = self.amax_history.max() if self.amax_compute_algo == "max" else self.amax_history[-1]
-        if not (np.isfinite(r) and r > 0):
+        if r == 0:
             return
         with np.errstate(over="ignore"):
             scale = np.float32(self.fp8_max * 2.0**-self.margin) / np.float32(r)
