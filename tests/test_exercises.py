@@ -4,12 +4,15 @@ clearly, the checks that the graded code is the student's, and the `tinyamp exer
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tinyamp.exercises import command
+from tinyamp.exercises import command, holes
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, find
 from tinyamp.exercises.graders.master_weights import check_one_update, half_gap
 from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED, float16_conversion, grade, tinyamp_names_used
@@ -43,6 +46,14 @@ def module_of(kind: str, module: str) -> Any:
     return importlib.import_module(f"tinyamp.exercises.{kind}.{module}")
 
 
+@functools.cache
+def stub_module(module: str) -> types.ModuleType:
+    """The stub a workspace gets (``holes.stub``), run as a module."""
+    stub = types.ModuleType(f"myamp.{module}")
+    exec(compile(holes.stub(module), f"myamp/{module}.py", "exec"), stub.__dict__)  # noqa: S102
+    return stub
+
+
 def solution(exercise_id: str) -> Any:
     e = find(exercise_id)
     return getattr(module_of("solutions", e.module), e.name)
@@ -58,7 +69,7 @@ def test_at_least_ten_exercises_across_the_course_each_with_a_stub_a_solution_a_
     assert len(EXERCISES) >= 10 and len(set(IDS)) == len(IDS)
     assert {e.number.split(".")[0] for e in EXERCISES} >= {"1", "2", "4", "5", "6", "7"}
     for e in EXERCISES:
-        assert hasattr(module_of("template", e.module), e.name) and hasattr(module_of("solutions", e.module), e.name)
+        assert hasattr(stub_module(e.module), e.name) and hasattr(module_of("solutions", e.module), e.name)
         assert callable(grader(e.id))
         named = re.findall(r"tutorials/\w+\.py", e.tutorial)
         assert named and all((ROOT / name).is_file() for name in named), e.tutorial  # every tutorial named exists
@@ -77,19 +88,22 @@ def _definitions(obj: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_stub_and_solution_have_the_same_signature_and_docstring_and_the_stub_raises(exercise_id: str) -> None:
     e = find(exercise_id)
-    stub, answer = getattr(module_of("template", e.module), e.name), solution(exercise_id)
+    stub, answer = getattr(stub_module(e.module), e.name), solution(exercise_id)
     stubs, answers = _definitions(stub), _definitions(answer)
     assert stubs.keys() == answers.keys()
     for name in stubs:
-        assert inspect.getdoc(stubs[name]) == inspect.getdoc(answers[name]), name  # one text, never two that drift
+        assert stubs[name].__doc__ == answers[name].__doc__, name  # one text, never two that drift
         if not inspect.isclass(stubs[name]):
             assert inspect.signature(stubs[name]) == inspect.signature(answers[name]), name
     doc = inspect.getdoc(stub)
     assert doc.startswith(f"Exercise {e.number}: ") and "Task:" in doc and "Math" in doc and "Read: tutorials/" in doc
     assert e.minutes > 0 and f"Time: about {e.minutes} minutes of work once the reading is done" in doc
     assert doc.index("Read: tutorials/") < doc.index("Time: about")  # what to read first, then how long
-    source = inspect.getsource(stub)
+    source = holes.stub(e.module)
     assert f'raise NotImplementedError("Exercise {e.number}: {e.title}")' in source
+    params = [p for p in inspect.signature(stub).parameters.values() if p.default is p.empty]
+    with pytest.raises(NotImplementedError, match=rf"^Exercise {re.escape(e.number)}: "):
+        stub(**{p.name: None for p in params})  # the body is the raise: the arguments are never read
 
 
 # ---- a lab an instructor can plan: reading times, exercise times, and the syllabus's sums of them ---------------
@@ -158,10 +172,43 @@ def test_the_syllabus_says_how_long_the_reading_for_exercises_1_1_4_1_5_1_and_5_
     assert total_reading > 120 / 2  # "the reading alone would fill most of the two hours"
 
 
-def test_template_and_solutions_have_the_same_modules() -> None:
-    names = {p.name for p in (ROOT / "tinyamp/exercises/template").glob("*.py")}
-    assert names == {p.name for p in (ROOT / "tinyamp/exercises/solutions").glob("*.py")}
+def test_each_exercise_is_written_once_and_its_stub_is_the_solution_with_holes() -> None:
+    """solutions/ is the only source: the stub is the solution with each marked answer cut out, and both
+    texts are free of the markers; everything outside the marks is the same, line for line."""
+    names = {p.name for p in (ROOT / "tinyamp/exercises/solutions").glob("*.py")}
     assert names == {"__init__.py", *(f"{e.module}.py" for e in EXERCISES)}
+    assert not (ROOT / "tinyamp/exercises/template").exists()
+    for module in sorted({e.module for e in EXERCISES}):
+        stub, answer = holes.stub(module), holes.solution(module)
+        assert ">>>" not in stub + answer and "<<<" not in stub + answer and "# hint:" not in stub + answer
+        numbers = [e.number for e in EXERCISES if e.module == module]
+        holes_cut = len(re.findall(r"# >>> exercise", holes.marked_source(module)))
+        assert stub.count("raise NotImplementedError(") == holes_cut
+        assert {n for n in re.findall(r'NotImplementedError\("Exercise (\d+\.\d+):', stub)} == set(numbers)
+        kept = [line for line in stub.splitlines()[4:] if "NotImplementedError" not in line]
+        assert all(line.split("  # noqa: F401")[0] in answer for line in kept), module  # nothing the answer lacks
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
+def test_the_stubs_and_solutions_a_workspace_gets_are_ruff_clean(tmp_path: Path) -> None:
+    for kind in ("stubs", "solutions"):
+        write_workspace(tmp_path / kind, solutions=kind == "solutions")
+    done = subprocess.run(["ruff", "check", "--config", str(ROOT / "pyproject.toml"), "--no-cache",
+                           str(tmp_path / "stubs" / PACKAGE), str(tmp_path / "solutions" / PACKAGE)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_marker_left_open_or_crossed_is_an_error_that_names_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def marked(text: str) -> None:
+        monkeypatch.setattr(holes, "marked_source", lambda module: text)
+
+    marked('"""Doc."""\ndef f():\n    # >>> exercise 1.1\n    return 1\n')
+    with pytest.raises(ValueError, match=r"'exercise 1\.1' is never closed"):
+        holes.stub("formats")
+    marked('"""Doc."""\ndef f():\n    # >>> exercise 1.1\n    # <<< solution only\n')
+    with pytest.raises(ValueError, match=r"line 4: '# <<< solution only' does not close 'exercise 1\.1'"):
+        holes.stub("formats")
 
 
 # ---- every grader passes its reference solution -------------------------------------------------------------
@@ -905,7 +952,7 @@ def test_check_refuses_bad_input_with_status_2(tmp_path: Path, capsys: pytest.Ca
 def test_pytest_markers_select_one_exercise_in_a_workspace(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     write_workspace(workspace, solutions=True)
-    replaced(workspace, "backward", (ROOT / "tinyamp/exercises/template/backward.py").read_text())
+    replaced(workspace, "backward", holes.stub("backward"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(workspace), "-m", "ex1_2 or ex2_1", "-p", "no:cacheprovider"],

@@ -5,8 +5,9 @@
     tinyamp exercises check DIR         grade it: passed / not started / failed, the first counterexample
 
 * ``catalog``: the exercises as data (id, stub, grader, tutorial);
-* ``template/`` and ``solutions/``: the stubs a workspace gets, and the reference solutions
-  (``init --solutions``), module for module;
+* ``solutions/``: the reference solutions (``init --solutions``), one module per tutorial, and
+  the only source of each exercise: ``holes`` makes the stubs a workspace gets from them, each
+  answer cut out where comments mark it (as minitorch puts holes in its real modules);
 * ``graders/``: one grader per exercise, built on ``tinyamp.testing``;
 * ``grading``: loading a student's code, checking it is theirs, running its grader;
 * ``isolation``: each exercise graded in a child process, on a throwaway copy, with time and memory limits;

@@ -21,7 +21,7 @@ class Exercise:
     id: str  # "ex5_1": the pytest marker and the value of --only
     number: str  # "5.1": the tutorial's number, then the exercise's
     title: str
-    module: str  # myamp/<module>.py in the workspace; tinyamp/exercises/{template,solutions,graders}/<module>.py
+    module: str  # myamp/<module>.py in the workspace; tinyamp/exercises/{solutions,graders}/<module>.py
     name: str  # the function or class the student writes, and the grader checks
     grader: str  # the function in graders/<module>.py
     tutorial: str  # the tutorial file and the sections to read

@@ -11,9 +11,9 @@ DIR/
 from __future__ import annotations
 
 import ast
-from importlib import resources
 from pathlib import Path
 
+from tinyamp.exercises import holes
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, Exercise
 
 MODULES = tuple(dict.fromkeys(e.module for e in EXERCISES))  # in the order of the tutorials
@@ -33,8 +33,8 @@ class WorkspaceError(Exception):
 
 def workspace_files(solutions: bool = False) -> dict[str, str]:
     """Every file of a workspace, path (relative) -> text: the stubs, or the reference solutions."""
-    source = resources.files("tinyamp.exercises").joinpath("solutions" if solutions else "template")
-    files = {f"{PACKAGE}/{name}.py": source.joinpath(f"{name}.py").read_text() for name in ("__init__", *MODULES)}
+    text = holes.solution if solutions else holes.stub  # each exercise written once, in solutions/
+    files = {f"{PACKAGE}/{name}.py": text(name) for name in ("__init__", *MODULES)}
     files["pytest.ini"] = pytest_ini()
     files["conftest.py"] = CONFTEST
     files["tests/test_myamp.py"] = test_file()
@@ -149,8 +149,7 @@ def progress(exercise: Exercise, workspace: Path) -> str:
     mine = _definition(tree, exercise.name)
     if mine is None:
         return "missing"
-    stub_source = resources.files("tinyamp.exercises").joinpath(f"template/{exercise.module}.py").read_text()
-    stub = _definition(ast.parse(stub_source), exercise.name)
+    stub = _definition(ast.parse(holes.stub(exercise.module)), exercise.name)
     if stub is not None and ast.dump(mine) == ast.dump(stub):
         return "not started"
     raises = any(

@@ -20,7 +20,9 @@ def softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
 
     Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 2.1
     return y * (g - (g * y).sum(axis=axis, keepdims=True))
+    # <<< exercise 2.1
 
 
 def log_softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
@@ -37,7 +39,9 @@ def log_softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
 
     Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 2.2
     return g - np.exp(y) * g.sum(axis=axis, keepdims=True)
+    # <<< exercise 2.2
 
 
 def layer_norm_backward(xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -57,4 +61,6 @@ def layer_norm_backward(xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> np
 
     Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 2.3
     return rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    # <<< exercise 2.3

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any  # hint: for your annotations
 
-from tinyamp.function import Function
-from tinyamp.grad_mode import enable_grad, no_grad
+from tinyamp.function import Function  # hint: the node you write: forward and backward on arrays
+from tinyamp.grad_mode import enable_grad, no_grad  # hint: forward without a graph, backward with one
 from tinyamp.tensor import Tensor
+
+# >>> solution only
 
 
 class CheckpointedSegment(Function):
@@ -32,6 +34,7 @@ class CheckpointedSegment(Function):
         for p, kept in zip(self.params, outer):
             p.grad = kept
         return grads
+# <<< solution only
 
 
 def checkpoint_segment(segment: Callable[[Tensor], Tensor], x: Tensor, params: Sequence[Tensor]) -> Tensor:
@@ -57,5 +60,7 @@ def checkpoint_segment(segment: Callable[[Tensor], Tensor], x: Tensor, params: S
 
     Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 7.1
     params = list(params)
     return CheckpointedSegment.apply(x, *params, segment=segment, params=params)
+    # <<< exercise 7.1

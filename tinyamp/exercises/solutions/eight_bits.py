@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import math  # hint: math.isfinite tells a NaN or inf amax
 
 import numpy as np
 
@@ -36,6 +36,7 @@ def round_to_e4m3(x: np.ndarray) -> np.ndarray:
 
     Time: about 40 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 10.1
     x = np.asarray(x, dtype=np.float32)
     sign = (x.view(np.uint32) >> 31).astype(np.uint8) << 7
     nan = np.isnan(x)
@@ -48,6 +49,7 @@ def round_to_e4m3(x: np.ndarray) -> np.ndarray:
     code = np.where(normal, (k + 7) * 8 + (value / np.exp2(k) - 1) * 8, value * 2.0**9)
     code = code.astype(np.uint8) | sign
     return np.where(nan, np.uint8(0x7F) | sign, code).astype(np.uint8)
+    # <<< exercise 10.1
 
 
 class DelayedScaling:
@@ -84,11 +86,14 @@ class DelayedScaling:
         self, fp8_max: float, margin: int = 0, amax_history_len: int = 1024, amax_compute_algo: str = "max"
     ) -> None:
         self.fp8_max, self.margin, self.amax_compute_algo = fp8_max, margin, amax_compute_algo
+        # >>> exercise 10.2
         self.amax_history = np.zeros(amax_history_len, dtype=np.float32)
         self.scale = 1.0
+        # <<< exercise 10.2
 
     def update(self, amax: float) -> None:
         """One step: write this step's amax into the history, then compute the next cast's scale."""
+        # >>> exercise 10.2
         if not math.isfinite(amax):
             return
         self.amax_history = np.append(self.amax_history[1:], np.float32(amax))
@@ -98,6 +103,7 @@ class DelayedScaling:
         with np.errstate(over="ignore"):
             scale = np.float32(self.fp8_max * 2.0**-self.margin) / np.float32(r)
         self.scale = float(scale) if np.isfinite(scale) else float(np.finfo(np.float32).max)
+        # <<< exercise 10.2
 
 
 def mx_block_scales(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -126,9 +132,11 @@ def mx_block_scales(x: np.ndarray, fmt: str) -> np.ndarray:
 
     Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 10.3
     emax_elem = {"E4M3": 8, "E5M2": 15}[fmt]
     blocks = np.abs(x.astype(np.float64)).reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
     amax = blocks.max(axis=-1)
     k = np.frexp(amax)[1] - 1  # floor(log2 amax), exactly: amax = m * 2^(k+1) with m in [1/2, 1)
     e = np.where(amax > 0, k - emax_elem, -127)
     return (np.clip(e, -127, 127) + 127).astype(np.uint8)
+    # <<< exercise 10.3

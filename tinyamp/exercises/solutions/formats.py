@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import math  # hint: math.frexp gives the exponent of a float
 
 import numpy as np
 
@@ -36,6 +36,7 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
 
     Time: about 30 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 1.1
     magnitude = np.abs(x)
     with np.errstate(all="ignore"):  # inf and NaN lanes compute garbage, replaced below; B is inf from 2^115 on
         _, e = np.frexp(magnitude)  # magnitude = m * 2^e with 1/2 <= m < 1: E = e - 1
@@ -48,6 +49,7 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     bits = np.where(np.isnan(x), 0x7E00, bits)
     sign = (x.view(np.uint32) >> 16) & 0x8000
     return (bits | sign).astype(np.uint16).view(np.float16)
+    # <<< exercise 1.1
 
 
 def float16_ulp(x: float) -> float:
@@ -65,6 +67,7 @@ def float16_ulp(x: float) -> float:
 
     Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 1.2
     with np.errstate(over="ignore"):
         v = abs(float(np.float16(x)))
     if not math.isfinite(v):
@@ -73,6 +76,7 @@ def float16_ulp(x: float) -> float:
         return 2.0**-24
     k = math.frexp(v)[1] - 1  # 2^k <= v < 2^(k+1)
     return 2.0 ** (k - 10)
+    # <<< exercise 1.2
 
 
 def fp16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -92,4 +96,6 @@ def fp16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 1.3
     return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    # <<< exercise 1.3

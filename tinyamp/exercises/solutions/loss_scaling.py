@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import math  # hint: math.isfinite tells a grown scale that is inf
 from typing import Any
 
 import numpy as np
@@ -43,13 +43,16 @@ class DynamicLossScaler:
         min_scale: float | None = None,
         max_scale: float | None = None,
     ) -> None:
+        # >>> exercise 5.1
         self.scale = float(np.float32(init_scale))
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self.min_scale, self.max_scale = min_scale, max_scale
         self.growth_tracker = 0
+        # <<< exercise 5.1
 
     def update(self, found_inf: bool) -> None:
         """One step of the rule: back off after an overflow, grow after growth_interval clean steps."""
+        # >>> exercise 5.1
         if found_inf:
             backed_off = float(np.float32(self.scale * self.backoff_factor))
             if self.min_scale is not None:
@@ -65,14 +68,19 @@ class DynamicLossScaler:
         if not math.isfinite(grown):
             return
         self.scale = grown if self.max_scale is None else min(grown, self.max_scale)
+        # <<< exercise 5.1
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the next steps depend on: the scale and the tracker."""
+        # >>> exercise 5.1
         return {"scale": self.scale, "growth_tracker": self.growth_tracker}
+        # <<< exercise 5.1
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a ``state_dict()``: the same future, step for step."""
+        # >>> exercise 5.1
         self.scale, self.growth_tracker = float(state_dict["scale"]), int(state_dict["growth_tracker"])
+        # <<< exercise 5.1
 
 
 def skip_or_step(optimizer: Any, scale: float) -> bool:
@@ -99,6 +107,7 @@ def skip_or_step(optimizer: Any, scale: float) -> bool:
 
     Time: about 20 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 5.2
     inverse = np.float32(1.0 / scale)
     finite = True
     for p in optimizer.params:
@@ -110,6 +119,7 @@ def skip_or_step(optimizer: Any, scale: float) -> bool:
     if finite:
         optimizer.step()
     return not finite
+    # <<< exercise 5.2
 
 
 def scaling_is_exact(g: np.ndarray, k: int) -> np.ndarray:
@@ -131,5 +141,7 @@ def scaling_is_exact(g: np.ndarray, k: int) -> np.ndarray:
 
     Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 5.3
     scaled = g.astype(np.float64) * 2.0**k  # exact: float64 has 53 bits and a wide exponent
     return (np.abs(scaled) <= 65504.0) & (np.mod(scaled, 2.0**-24) == 0)
+    # <<< exercise 5.3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import math  # hint: math.frexp gives the exponent of a float
 
 import numpy as np
 
@@ -33,6 +33,7 @@ def update_is_lost(weight: float, update: float) -> bool:
 
     Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 4.1
     if update == 0:
         return False
     moved = float(np.float32(weight) + np.float32(update)) - weight  # the sum, in float32 as an optimizer forms it
@@ -46,6 +47,7 @@ def update_is_lost(weight: float, update: float) -> bool:
     if abs(moved) != gap / 2:
         return abs(moved) < gap / 2
     return (w / ulp) % 2 == 0  # a tie: the weight stays when its last mantissa bit is 0
+    # <<< exercise 4.1
 
 
 def master_step(
@@ -72,8 +74,10 @@ def master_step(
 
     Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
+    # >>> exercise 4.2
     new_master = master - np.float32(lr) * grad16.astype(np.float32)
     update = new_master - master
     stays = (w16.astype(np.float32) + update).astype(np.float16) == w16
     lost = (new_master != master) & (update != 0) & stays
     return new_master.astype(np.float16), new_master, int(np.count_nonzero(lost))
+    # <<< exercise 4.2
