@@ -12,7 +12,8 @@ event      when                                                 the scale become
 =========  ===================================================  ========================
 rescaled   the amax is finite and > 0                           the quotient above
 clamped    the quotient overflows float32 (a tiny amax)         float32's largest value
-held       the amax is 0 (nothing to measure), inf or NaN       the previous scale
+held       the amax is 0 (nothing to measure), inf or NaN,      the previous scale
+           or the quotient underflows to 0 (a margin of 31+)
 =========  ===================================================  ========================
 
 Two recipes choose the amax.  **Current** scaling measures this tensor now and casts it
@@ -62,7 +63,7 @@ def next_scale(amax: float, previous: float, fp8_max: float, margin: int) -> tup
         scale = scaled_max / amax  # float32 / float32: one rounding
     if np.isinf(scale):
         return FLOAT32_MAX, "clamped"
-    return float(scale), "rescaled"
+    return (float(scale), "rescaled") if scale > 0 else (previous, "held")  # 0 would zero every value
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ history is reduced (its largest entry, or its newest) to amax_r; then
                                                        (a float64 one rounded to float32 is the same:
                                                        53 >= 2 * 24 + 2 bits, so rounding twice is harmless)
 
-except that an amax_r of 0 keeps the previous scale, and a quotient that overflows float32
-becomes float32's largest value (never inf).  A step whose amax is NaN or inf keeps the
+except that an amax_r of 0, or a quotient that underflows to 0 (a margin of 31 or more),
+keeps the previous scale, and a quotient that overflows float32 becomes float32's largest
+value (never inf).  A step whose amax is NaN or inf keeps the
 scale and leaves the history as it was (so the history never holds inf: one infinite
 activation would otherwise hold every scale for the whole window).  ``nan_amaxes=False`` leaves NaN out of
 the amaxes, for a recipe that decides otherwise (JAX's propagates NaN).
@@ -239,9 +240,11 @@ def clause(settings: dict[str, Any], amaxes: list[float], step: _Step) -> str:
         return "a step whose amax is NaN or inf keeps the previous scale and leaves the history as it was"
     window = f"the largest of the last {n} amaxes" if settings["amax_compute_algo"] == "max" and n > 1 else \
         "the newest amax" + (" (the history holds one)" if n == 1 else "")  # fmt: skip
-    if step.event == "held":
-        return f"the reduced amax ({window}) is 0, nothing measured: the previous scale is kept"
     quotient, reduced_is = f"float32({top} * 2^-{margin}) / {number(reduced)}", f"{number(reduced)} is {window}"
+    if step.event == "held" and reduced == 0:
+        return f"the reduced amax ({window}) is 0, nothing measured: the previous scale is kept"
+    if step.event == "held":
+        return f"{quotient} underflows to 0 ({reduced_is}): the previous scale is kept, as 0 would zero every value"
     if step.event == "clamped":
         return (f"{quotient} overflows float32 ({reduced_is}): the scale becomes float32's largest value "
                 f"{number(FLOAT32_MAX)}, not inf")  # fmt: skip
