@@ -4,21 +4,18 @@ clearly, the checks that the graded code is the student's, and the `tinyamp exer
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import inspect
 import os
 import re
-import shutil
 import subprocess
 import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from exercise_helpers import IDS, ROOT, grader, solution
 
 from tinyamp.exercises import command, holes
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, find
@@ -37,178 +34,6 @@ from tinyamp.tensor import Tensor
 from tinyamp.testing.counterexamples import same_examples_every_run
 
 pytestmark = pytest.mark.cli
-
-ROOT = Path(__file__).resolve().parents[1]
-IDS = [e.id for e in EXERCISES]
-
-
-def module_of(kind: str, module: str) -> Any:
-    return importlib.import_module(f"tinyamp.exercises.{kind}.{module}")
-
-
-@functools.cache
-def stub_module(module: str) -> types.ModuleType:
-    """The stub a workspace gets (``holes.stub``), run as a module."""
-    stub = types.ModuleType(f"myamp.{module}")
-    exec(compile(holes.stub(module), f"myamp/{module}.py", "exec"), stub.__dict__)  # noqa: S102
-    return stub
-
-
-def solution(exercise_id: str) -> Any:
-    e = find(exercise_id)
-    return getattr(module_of("solutions", e.module), e.name)
-
-
-def grader(exercise_id: str) -> Callable[[Any, int], None]:
-    e = find(exercise_id)
-    return getattr(module_of("graders", e.module), e.grader)
-
-
-# ---- the catalog, the stubs and the solutions ---------------------------------------------------------------
-def test_at_least_ten_exercises_across_the_course_each_with_a_stub_a_solution_a_grader_and_a_tutorial() -> None:
-    assert len(EXERCISES) >= 10 and len(set(IDS)) == len(IDS)
-    assert {e.number.split(".")[0] for e in EXERCISES} >= {"1", "2", "4", "5", "6", "7"}
-    for e in EXERCISES:
-        assert hasattr(stub_module(e.module), e.name) and hasattr(module_of("solutions", e.module), e.name)
-        assert callable(grader(e.id))
-        named = re.findall(r"tutorials/\w+\.py", e.tutorial)
-        assert named and all((ROOT / name).is_file() for name in named), e.tutorial  # every tutorial named exists
-    assert find("5.1") is find("ex5_1") is find("5_1")
-    with pytest.raises(KeyError, match="no exercise '9.9'; the exercises are 1.1, 1.2"):
-        find("9.9")
-
-
-def _definitions(obj: Any) -> dict[str, Any]:
-    """The graded object and, for a class, its methods: name -> object."""
-    if inspect.isclass(obj):
-        return {obj.__name__: obj, **{k: v for k, v in vars(obj).items() if inspect.isfunction(v)}}
-    return {obj.__name__: obj}
-
-
-@pytest.mark.parametrize("exercise_id", IDS)
-def test_stub_and_solution_have_the_same_signature_and_docstring_and_the_stub_raises(exercise_id: str) -> None:
-    e = find(exercise_id)
-    stub, answer = getattr(stub_module(e.module), e.name), solution(exercise_id)
-    stubs, answers = _definitions(stub), _definitions(answer)
-    assert stubs.keys() == answers.keys()
-    for name in stubs:
-        assert stubs[name].__doc__ == answers[name].__doc__, name  # one text, never two that drift
-        if not inspect.isclass(stubs[name]):
-            assert inspect.signature(stubs[name]) == inspect.signature(answers[name]), name
-    doc = inspect.getdoc(stub)
-    assert doc.startswith(f"Exercise {e.number}: ") and "Task:" in doc and "Math" in doc and "Read: tutorials/" in doc
-    assert e.minutes > 0 and f"Time: about {e.minutes} minutes of work once the reading is done" in doc
-    assert doc.index("Read: tutorials/") < doc.index("Time: about")  # what to read first, then how long
-    source = holes.stub(e.module)
-    assert f'raise NotImplementedError("Exercise {e.number}: {e.title}")' in source
-    params = [p for p in inspect.signature(stub).parameters.values() if p.default is p.empty]
-    with pytest.raises(NotImplementedError, match=rf"^Exercise {re.escape(e.number)}: "):
-        stub(**{p.name: None for p in params})  # the body is the raise: the arguments are never read
-
-
-# ---- a lab an instructor can plan: reading times, exercise times, and the syllabus's sums of them ---------------
-SYLLABUS = ROOT / "tutorials" / "README.md"
-
-
-def reading_minutes() -> dict[str, int]:
-    """Each tutorial's reading time, from the title cell of the tutorial itself: {"01": 30, ..., "A1": 15}."""
-    minutes = {}
-    for path in sorted((ROOT / "tutorials").glob("[0-9A][0-9]_*.py")):
-        found = re.findall(r"(\d+) minutes to read", path.read_text(encoding="utf-8").split("# %%\n")[0])
-        assert len(found) == 1, f"{path.name} says its reading time {len(found)} times in its title cell"
-        minutes[path.name[:2]] = int(found[0])
-    return minutes
-
-
-def tutorials_in_words(text: str) -> set[str]:
-    """ "tutorials 1 and 2, appendix A1" -> {"01", "02", "A1"}."""
-    return {n if n.startswith("A") else f"{int(n):02d}" for n in re.findall(r"\b(A\d|\d+)\b", text)}
-
-
-def test_the_syllabus_reading_times_are_the_tutorials_own() -> None:
-    rows = re.findall(r"^\| \w+ \| `(\w\w)_\w+\.py` \| (\d+) min \|", SYLLABUS.read_text(encoding="utf-8"), re.M)
-    syllabus = {prefix: int(minutes) for prefix, minutes in rows}
-    assert syllabus == reading_minutes() and len(syllabus) >= 10
-
-
-def test_the_lab_plan_adds_up_the_reading_and_the_exercise_times_and_fits_two_hours() -> None:
-    reading, text = reading_minutes(), SYLLABUS.read_text(encoding="utf-8")
-    exercises_table = dict(re.findall(r"^\| \d \| (\d+\.\d) .* \| ~(\d+) min \|$", text, re.M))
-    assert exercises_table == {e.number: str(e.minutes) for e in EXERCISES}  # the table's times are the catalog's
-    plan = re.findall(r"^\| (\d) \| ([^|]+) \| ~(\d+) min \| exercises? ([\d., ]+) \| ~(\d+) min \|$", text, re.M)
-    assert [lab for lab, *_ in plan] == ["1", "2", "3", "4", "5"]
-    planned = []
-    for _lab, tutorials, to_read, numbers, to_write in plan:
-        read, written = tutorials_in_words(tutorials), [find(n.strip()) for n in numbers.split(",")]
-        assert int(to_read) == sum(reading[t] for t in read), tutorials
-        assert int(to_write) == sum(e.minutes for e in written) <= 120, numbers  # the exercises fit in the lab
-        assert all(f"{int(e.number.split('.')[0]):02d}" in read for e in written), numbers  # its own tutorial first
-        planned += [e.number for e in written]
-    assert sorted(planned) == sorted(e.number for e in EXERCISES)  # every exercise, once
-
-
-def test_the_syllabus_says_how_long_the_reading_for_exercises_1_1_4_1_5_1_and_5_2_takes() -> None:
-    """The reading that the four exercises name, whole tutorials counted once, and the exercises' own times,
-    summed from the catalog and the tutorials' title cells, against the figures the syllabus prints."""
-    text = " ".join(SYLLABUS.read_text(encoding="utf-8").split())
-    said = re.search(
-        r"exercises ([\d.]+), ([\d.]+), ([\d.]+) and ([\d.]+), names sections of tutorials ([\w, ]+), which take "
-        r"about (\d+) minutes to read \(([\d + ]+)\), and then asks for about (\d+) minutes of exercises "
-        r"\(([\d + ]+)\)",
-        text,
-    )
-    assert said is not None, "the syllabus no longer says how long the reading for the four exercises takes"
-    four = [find(n) for n in said.groups()[:4]]
-    assert [e.number for e in four] == ["1.1", "4.1", "5.1", "5.2"]
-    named = {t for e in four for t in re.findall(r"tutorials/(\w\w)_\w+\.py", e.tutorial)}
-    assert tutorials_in_words(said.group(5)) == named == {"01", "04", "05", "A1"}
-    minutes = reading_minutes()
-    total_reading = sum(minutes[t] for t in named)
-    assert int(said.group(6)) == total_reading == sum(int(m) for m in said.group(7).split("+"))
-    assert sorted(int(m) for m in said.group(7).split("+")) == sorted(minutes[t] for t in named)
-    total_writing = sum(e.minutes for e in four)
-    assert int(said.group(8)) == total_writing == sum(int(m) for m in said.group(9).split("+"))
-    assert [int(m) for m in said.group(9).split("+")] == [e.minutes for e in four]
-    assert total_reading > 120 / 2  # "the reading alone would fill most of the two hours"
-
-
-def test_each_exercise_is_written_once_and_its_stub_is_the_solution_with_holes() -> None:
-    """solutions/ is the only source: the stub is the solution with each marked answer cut out, and both
-    texts are free of the markers; everything outside the marks is the same, line for line."""
-    names = {p.name for p in (ROOT / "tinyamp/exercises/solutions").glob("*.py")}
-    assert names == {"__init__.py", *(f"{e.module}.py" for e in EXERCISES)}
-    assert not (ROOT / "tinyamp/exercises/template").exists()
-    for module in sorted({e.module for e in EXERCISES}):
-        stub, answer = holes.stub(module), holes.solution(module)
-        assert ">>>" not in stub + answer and "<<<" not in stub + answer and "# hint:" not in stub + answer
-        numbers = [e.number for e in EXERCISES if e.module == module]
-        holes_cut = len(re.findall(r"# >>> exercise", holes.marked_source(module)))
-        assert stub.count("raise NotImplementedError(") == holes_cut
-        assert {n for n in re.findall(r'NotImplementedError\("Exercise (\d+\.\d+):', stub)} == set(numbers)
-        kept = [line for line in stub.splitlines()[4:] if "NotImplementedError" not in line]
-        assert all(line.split("  # noqa: F401")[0] in answer for line in kept), module  # nothing the answer lacks
-
-
-@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
-def test_the_stubs_and_solutions_a_workspace_gets_are_ruff_clean(tmp_path: Path) -> None:
-    for kind in ("stubs", "solutions"):
-        write_workspace(tmp_path / kind, solutions=kind == "solutions")
-    done = subprocess.run(["ruff", "check", "--config", str(ROOT / "pyproject.toml"), "--no-cache",
-                           str(tmp_path / "stubs" / PACKAGE), str(tmp_path / "solutions" / PACKAGE)],
-                          capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_a_marker_left_open_or_crossed_is_an_error_that_names_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    def marked(text: str) -> None:
-        monkeypatch.setattr(holes, "marked_source", lambda module: text)
-
-    marked('"""Doc."""\ndef f():\n    # >>> exercise 1.1\n    return 1\n')
-    with pytest.raises(ValueError, match=r"'exercise 1\.1' is never closed"):
-        holes.stub("formats")
-    marked('"""Doc."""\ndef f():\n    # >>> exercise 1.1\n    # <<< solution only\n')
-    with pytest.raises(ValueError, match=r"line 4: '# <<< solution only' does not close 'exercise 1\.1'"):
-        holes.stub("formats")
 
 
 # ---- every grader passes its reference solution -------------------------------------------------------------

@@ -238,3 +238,10 @@ def test_the_course_has_no_import_cycle() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_no_test_file_is_longer_than_800_lines() -> None:
+    """The suite follows the lessons: a file that outgrows 800 lines is split by topic, its marker kept."""
+    long = {f.relative_to(ROOT).as_posix(): n for f in sorted((ROOT / "tests").rglob("*.py"))
+            if (n := len(f.read_text().splitlines())) > 800}  # fmt: skip
+    assert not long, f"split these by topic: {long}"
