@@ -36,11 +36,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working tree
 
 import fp8_cast_speed  # noqa: E402
 import mlp_step  # noqa: E402
+import mp_step  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
 import tinyamp as ta  # noqa: E402
 from tinyamp import nn, optim  # noqa: E402
-from tinyamp.amp import LossScaler, MasterWeights, autocast  # noqa: E402
 from tinyamp.fp8 import Fp8Scales, Fp8Tensor, ScalingRecipe, fp8_matmul  # noqa: E402
 from tinyamp.function import Function  # noqa: E402
 
@@ -91,24 +91,6 @@ def fp8_model_step(x: np.ndarray, y: np.ndarray, sizes: tuple[int, ...] = mlp_st
     return step, losses
 
 
-def mixed_step(x: np.ndarray, y: np.ndarray, sizes: tuple[int, ...]) -> Any:
-    """tinyamp's FP16 mixed-precision step (as mp_step.py's), at `sizes`."""
-    ta.manual_seed(0)
-    model = nn.MLP(list(sizes)).half()
-    opt = MasterWeights(optim.SGD(model.parameters(), lr=mlp_step.LR), track_lost_updates=False)
-    scaler = LossScaler()
-    xt, yt = ta.tensor(x), ta.tensor(y)
-
-    def step() -> None:
-        opt.zero_grad()
-        with autocast():
-            loss = ta.cross_entropy(model(xt), yt)
-        scaler.scale_loss(loss).backward()
-        scaler.step(opt)
-
-    return step
-
-
 def row(benchmark: str, contender: str, unit: str, value: float, ratio: float) -> dict:
     """One line of the table; `ratio` is this contender's value over the benchmark's reference (1 for itself)."""
     return {"benchmark": benchmark, "contender": contender, "unit": unit, "value": value, "over_reference": ratio}
@@ -119,7 +101,8 @@ def bench_steps(quick: bool) -> list[dict]:
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((batch, sizes[0])).astype(np.float32), rng.integers(0, sizes[-1], size=batch)
     fp8, _ = fp8_model_step(x, y, sizes)
-    t = interleaved_medians({"fp16": mixed_step(x, y, sizes), "fp8": fp8}, rounds=2 if quick else 9,
+    fp16 = mp_step.mixed_precision_step(x, y, sizes=sizes)  # the step mp_step.py times, at these sizes
+    t = interleaved_medians({"fp16": fp16, "fp8": fp8}, rounds=2 if quick else 9,
                             calls_per_round=1 if quick else 3, warmup=1)  # fmt: skip
     name = f"MLP {'-'.join(map(str, sizes))} step, batch {batch}: FP8 emulated vs FP16 mixed"
     return [

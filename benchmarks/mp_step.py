@@ -19,9 +19,10 @@ from tinyamp.amp import LossScaler, MasterWeights, autocast
 from tinyamp.inspect import saved_tensors
 
 
-def mixed_precision_step(x: np.ndarray, y: np.ndarray, track_lost_updates: bool = False) -> Any:
+def mixed_precision_step(x: np.ndarray, y: np.ndarray, track_lost_updates: bool = False,
+                         sizes: tuple[int, ...] = SIZES) -> Any:  # fmt: skip
     ta.manual_seed(0)
-    model = nn.MLP(list(SIZES)).half()
+    model = nn.MLP(list(sizes)).half()
     opt = MasterWeights(optim.SGD(model.parameters(), lr=LR), track_lost_updates=track_lost_updates)
     scaler = LossScaler()
     xt, yt = ta.tensor(x), ta.tensor(y)
