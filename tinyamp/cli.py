@@ -27,7 +27,6 @@ import platform
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from tinyamp.experiments import history as run_history
 from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
+from tinyamp.experiments.training_run import TrainingRun, kept, progress_bar, write_outputs
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
@@ -145,21 +145,6 @@ def info() -> int:
 
 
 # ---- shared pieces ------------------------------------------------------------------------------------
-def _progress(quiet: bool) -> Callable[..., Any] | None:
-    """tqdm's bar class (imported only when a bar is shown), or None for --quiet."""
-    if quiet:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # a dependency, but a missing bar should not stop a run
-        return None
-
-    def bar(**kwargs: Any) -> Any:
-        return tqdm(**kwargs, leave=False, dynamic_ncols=True, file=sys.stderr)
-
-    return bar
-
-
 def _check_device(device: str) -> None:
     from tinyamp.backend import DeviceError, array_module, check_device
 
@@ -189,24 +174,9 @@ def _check_precision(precision: str, device: str) -> None:
             raise UsageError(f"--precision {precision} needs the optional package ml_dtypes: pip install ml_dtypes")
 
 
-def _write_outputs(
-    out: Any, document: dict[str, Any], manifest: dict[str, Any], save: Callable[[Path], str] | None = None
-) -> list[str]:
-    """results.json, the figures (when matplotlib is installed) and a checkpoint: the new content of `out`."""
-    from tinyamp.experiments import figures
-    from tinyamp.experiments.results import write_json
-
-    def fill(folder: Path) -> list[str]:
-        written = [write_json(document, folder).name]
-        if save is not None:
-            written.append(save(folder))
-        if figures.matplotlib_available():
-            written += [p.name for p in figures.write_figures(document, folder)]
-        else:
-            print(f"figures skipped: matplotlib is not installed ({install_hint('plots')})")
-        return written
-
-    written = out.write(fill, manifest)
+def _write_outputs(out: Any, document: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+    """results.json and the figures (when matplotlib is installed): the new content of `out`."""
+    written = write_outputs(out, document, manifest, hint=install_hint("plots"))
     _WRITTEN[:] = [out.path]
     return written
 
@@ -225,7 +195,7 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     _check_settings(args, "steps", "seed")  # the rules `train` and its checkpoints use
     _check_device(args.device)
     out = _output_folder(args.out)
-    progress = _progress(args.quiet)
+    progress = progress_bar(not args.quiet)
     began = time.perf_counter()
     regimes = demo_regimes(args.device)
     mlp = DigitsMLP(seed=args.seed, device=args.device)
@@ -468,11 +438,10 @@ def _output_folder(path: str | None, flag: str = "--out") -> Any:
 
 def train(args: argparse.Namespace, stop: Stop) -> int:
     """Train one model in one precision; print the result; with --out write results, figures, a checkpoint."""
-    from tinyamp.amp import CheckpointError, load_checkpoint, save_checkpoint
-    from tinyamp.experiments.divergence import LastGoodState, diverged, explain
+    from tinyamp.amp import CheckpointError, load_checkpoint
+    from tinyamp.experiments.divergence import diverged, explain
     from tinyamp.experiments.regimes import REGIMES, build
-    from tinyamp.experiments.results import footnotes, format_table, results_document
-    from tinyamp.experiments.runner import run_regime
+    from tinyamp.experiments.results import footnotes, format_table
     from tinyamp.experiments.tasks import TASKS
 
     _check_settings(args, "steps", "batch_size", "lr", "seed", "checkpoint_every")
@@ -521,50 +490,20 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
     }  # fmt: skip
 
     history = getattr(args, "history", None) or run_history.new(start)  # the steps before `start`, if saved
-
-    def save(folder: Path, step: int) -> str:
-        extra = {"train": {**settings, "step": step}, "history": run_history.to_extra(history, step)}
-        if setup.fp8 is not None:  # every tensor's scale, amax history and casts: the next casts depend on them
-            from tinyamp.fp8.training_state import to_extra
-
-            extra["fp8"] = to_extra(setup.fp8)
-        save_checkpoint(folder / "checkpoint.npz", setup.model, setup.optimizer, setup.scaler, extra)
-        return "checkpoint.npz"
-
-    def save_unit(step: int) -> None:
-        manifest = {"command": "train", "finished": False, "step": step, "total_steps": args.steps}
-        out.write(lambda folder: [save(folder, step)], manifest)
-        _WRITTEN[:] = [out.path]
-
     every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
-    good = None
-    if out is not None:  # a diverged run saves the state of its last good step (divergence.LastGoodState)
-        fp8 = setup.fp8
-        good = LastGoodState(
-            setup.model, setup.scaler,
-            lambda: (setup.model.state_dict(), setup.optimizer.state_dict(), fp8 and fp8.capture()),
-            lambda state: (setup.model.load_state_dict(state[0]), setup.optimizer.load_state_dict(state[1]),
-                           fp8 and fp8.restore(state[2])),
-        )  # fmt: skip
-    if good is not None and start:
-        good.keep(start)  # the loaded state: good until a step of this run proves otherwise
-
-    def after_step(done: int) -> None:
-        if done == args.steps:
-            return  # the run is complete: a signal now waits for its files to be written
-        stop.check(done)
-        if out is not None and every and done % every == 0:
-            save_unit(done)
-
+    fp8 = setup.fp8
+    run = TrainingRun(
+        task, setup, stop, settings, start=start, history=history, out=out, every=every,
+        capture=lambda: (setup.model.state_dict(), setup.optimizer.state_dict(), fp8 and fp8.capture()),
+        put_back=lambda state: (setup.model.load_state_dict(state[0]), setup.optimizer.load_state_dict(state[1]),
+                                fp8 and fp8.restore(state[2])),
+    )  # fmt: skip
+    run.written = _WRITTEN
     with stop.at_step_boundaries(), np.errstate(all="ignore"):  # overflow is reported in words, below
         try:
-            result, setup = run_regime(
-                task, args.precision, args.steps, scaler, setup=setup, start=start, progress=_progress(args.quiet),
-                memory=args.memory, after_step=after_step, on_loss=None if good is None else good.on_loss,
-                history=history,
-            )  # fmt: skip
+            result = run.train(args.precision, scaler, progress=progress_bar(not args.quiet), memory=args.memory)
         except Interrupted as exc:
-            return _interrupted(exc, out, save_unit, args.steps)
+            return run.stopped(exc)
         print(format_table([result]))
         if result.resumed_at:
             print(_resumed_note(result))
@@ -579,22 +518,7 @@ def train(args: argparse.Namespace, stop: Stop) -> int:
         if not args.quiet:
             print(footnotes())
         failed = explain(task, setup, result, start) if diverged(result) else None
-        if out is not None:
-            config = {"command": "train", "resumed_from": start, "diverged": failed}
-            document = results_document({task.name: (task, [result])}, config)
-            step, why, keep = args.steps, "", lambda folder: save(folder, args.steps)
-            if failed:  # keep the state of the last good step, not the diverged one
-                step, why = start + len(result.series["loss"]), " (no checkpoint: no step of this run was good)"
-                keep = None
-                if good is not None and good.step is not None:
-                    step = good.restore()
-                    keep = lambda folder: save(folder, step)  # noqa: E731
-                    why = f" (the checkpoint is of step {step}, {LastGoodState.MEANING})"
-            manifest = {"command": "train", "finished": not failed, "diverged": bool(failed), "step": step,
-                        "total_steps": args.steps}  # fmt: skip
-            written = _write_outputs(out, document, manifest, keep)
-            print(f"wrote {', '.join(written)} to {out.path}{why}")
-    return exit_status.at_the_end(failed, stop)
+        return run.finish(result, failed, *run.end_state(failed), hint=install_hint("plots"))
 
 
 def _extra_bytes(setup: Any, args: argparse.Namespace) -> int:
@@ -639,45 +563,6 @@ def _resumed_note(result: Any) -> str:
     return (
         f"* the whole run, steps 0 to {end}: resumed at step {at} from its checkpoint, which carried the steps before"
     )
-
-
-def _kept(path: Path) -> str:
-    """What the output folder at `path` holds now, as the end of a sentence: a checkpoint to resume, or nothing."""
-    from tinyamp.experiments.output_folder import read_manifest
-
-    manifest = read_manifest(path) if path.is_dir() else None
-    if manifest is None or "checkpoint.npz" not in manifest["files"]:
-        return f"{path} holds no checkpoint of this run"
-    checkpoint = path / "checkpoint.npz"
-    return (
-        f"{checkpoint} holds step {manifest.get('step')} of {manifest.get('total_steps')}. Continue with:\n"
-        f"  tinyamp train --resume {checkpoint} --out {path}"
-    )
-
-
-def _interrupted(exc: Interrupted, out: Any, save_unit: Callable[[int], None], total: int) -> int:
-    """Save the run where the signal stopped it (with --out), say how to continue, return 128 + signal."""
-    if out is None:
-        print(f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; nothing was written "
-              "(with --out DIR a stopped run leaves a checkpoint to resume from)", file=sys.stderr)  # fmt: skip
-        return exc.exit_status
-    if exc.step is None:  # a second signal, in the middle of a step or of a save: that one was abandoned
-        print(f"\ntinyamp: stopped by a second {exc.name} before the step or save in progress ended; "
-              f"{_kept(out.path)}", file=sys.stderr)  # fmt: skip
-        return exc.exit_status
-    try:
-        save_unit(exc.step)
-    except Interrupted as again:  # the save was abandoned as a whole: the folder is as it was
-        print(f"\ntinyamp: stopped by a second {again.name} while saving step {exc.step}; {_kept(out.path)}",
-              file=sys.stderr)  # fmt: skip
-        return again.exit_status
-    checkpoint = out.path / "checkpoint.npz"
-    print(
-        f"\ntinyamp: stopped by {exc.name} at step {exc.step} of {total}; wrote {checkpoint}. Continue with:\n"
-        f"  tinyamp train --resume {checkpoint} --out {out.path}",
-        file=sys.stderr,
-    )
-    return exc.exit_status
 
 
 # ---- the parser -----------------------------------------------------------------------------------
@@ -860,8 +745,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return exit_status.BAD_INPUT
     except Interrupted as exc:
-        kept = "; ".join(_kept(folder.path) for folder in _LOCKED) or "nothing was written"
-        print(f"\ntinyamp: stopped by {exc.name}; {kept}", file=sys.stderr)
+        held = "; ".join(kept(folder.path) for folder in _LOCKED) or "nothing was written"
+        print(f"\ntinyamp: stopped by {exc.name}; {held}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:  # outside the main thread no handler is installed
         print("\ntinyamp: interrupted; nothing was written", file=sys.stderr)

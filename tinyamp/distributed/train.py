@@ -4,8 +4,9 @@
 
 Every rank draws the same batch of B examples (the single-process sequence), takes its slice
 of B/N, and trains a replica (``DataParallel``).  The loop is the single-process one
-(``experiments.runner.run_regime``), with ``DistributedSetup.step`` for the step, so the
-results are measured and written the same way; rank 0 writes them.  The loss reported is the
+(``experiments.training_run.TrainingRun`` around ``experiments.runner.run_regime``), with
+``DistributedSetup.step`` for the step and ``DistributedRun`` for what N ranks do differently,
+so the results are measured, saved and written the same way; rank 0 writes them.  The loss reported is the
 mean of the ranks' losses: the loss of the whole batch.  At the end, rank 0 prints one row per
 rank: steps skipped, the loss scale, the bytes of model states it holds and the bytes it sent,
 and a fingerprint (SHA-256) of the state every rank must hold alike: the weights and the scaler
@@ -33,7 +34,6 @@ import numpy as np
 
 import tinyamp as ta
 from tinyamp import backend, kernels, random
-from tinyamp.amp import save_checkpoint
 from tinyamp.amp.lost_updates import lost_updates
 from tinyamp.distributed import checkpoint
 from tinyamp.distributed.communicator import (
@@ -51,6 +51,7 @@ from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.measure import LostUpdateMeter
 from tinyamp.experiments.regimes import REGIMES, Setup, make_scaler
+from tinyamp.experiments.training_run import TrainingRun, progress_bar
 from tinyamp.tensor import Tensor
 
 DEFAULT_STEPS = 1500  # as `tinyamp train`
@@ -442,10 +443,9 @@ def signal_on_any_rank(comm: Communicator, stop: Stop) -> int:
 
 
 def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
-    from tinyamp.experiments.divergence import LastGoodState, diverged, explain
+    from tinyamp.experiments.divergence import diverged, explain
     from tinyamp.experiments.output_folder import OutputFolder
-    from tinyamp.experiments.results import format_table, results_document
-    from tinyamp.experiments.runner import run_regime
+    from tinyamp.experiments.results import format_table
     from tinyamp.experiments.tasks import TASKS
 
     saved = None
@@ -488,7 +488,6 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
     if start:
         checkpoint.load(s["resume"], dp, model, task.make_optimizer, setup.scaler)
     out = _on_rank0(comm, lambda: _checked_folder(OutputFolder, s["out"])) if s["out"] else None  # rank 0's
-    writes = s["out"] is not None  # the same on every rank: whether the collective gathers take place
     distributed = {"ranks": comm.size, "reduce_dtype": s["reduce_dtype"], "zero": s["zero"], "agree": s["agree"],
                    "micro_batches": s["micro_batches"]}  # fmt: skip
     train = {k: s[k] for k in ("model", "precision", "seed")}  # the settings `tinyamp train --resume` reads
@@ -511,72 +510,71 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
         if "history" in extra:
             history = run_history.from_extra(extra["history"], start, s["resume"])
 
-    def save(folder: Path, step: int, twin: Any) -> str:
-        extra = {"train": {**train, "step": step}, "distributed": distributed,
-                 "history": run_history.to_extra(history, step)}  # fmt: skip
-        save_checkpoint(folder / "checkpoint.npz", twin[0], twin[1], setup.scaler, extra)
-        return "checkpoint.npz"
-
-    def save_unit(done: int) -> None:  # collective: every rank calls it after the same step
-        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer)
-        if comm.rank == 0:
-            manifest = {"command": "train", "finished": False, "step": done, "total_steps": s["steps"]}
-            out.write(lambda folder: [save(folder, done, twin)], manifest)
-        comm.barrier()  # the checkpoint is on disk before any rank goes on (and may fail)
-
-    def after_step(done: int) -> None:
-        if getattr(args, "dump", None):
-            setup.record_fingerprint()
-        if done == s["steps"]:
-            return  # the run is complete: a signal now waits for its files to be written
-        signum = signal_on_any_rank(comm, stop)
-        if signum:
-            if writes:
-                save_unit(done)
-            raise Interrupted(signum, done)
-        if writes and s["checkpoint_every"] and done % s["checkpoint_every"] == 0:
-            save_unit(done)
-
-    good = LastGoodState(model, setup.scaler, lambda: _local_state(dp), lambda state: _put_local_state(dp, state))
-    if writes and start:
-        good.keep(start)  # the loaded state: good until a step of this run proves otherwise
-    bar = _progress(comm.rank == 0 and not getattr(args, "quiet", False))
+    run = DistributedRun(task, setup, stop, train, start=start, history=history, out=out,
+                         every=s["checkpoint_every"] or 0, writes=s["out"] is not None,  # the same on every rank
+                         capture=lambda: _local_state(dp),
+                         put_back=lambda state: _put_local_state(dp, state))  # fmt: skip
+    run.distributed, run.flags, run.dump = distributed, _flags(s), bool(getattr(args, "dump", None))
+    bar = progress_bar(comm.rank == 0 and not getattr(args, "quiet", False))
     with stop.at_step_boundaries(), np.errstate(all="ignore"):
         try:
-            result, _ = run_regime(rank_task, s["precision"], s["steps"], scaler_name, setup=setup, start=start,
-                                   progress=bar, memory=bool(getattr(args, "memory", False)),
-                                   after_step=after_step, on_loss=good.on_loss if writes else None,
-                                   history=history)  # fmt: skip
+            result = run.train(s["precision"], scaler_name, loop_task=rank_task, progress=bar,
+                               memory=bool(getattr(args, "memory", False)))  # fmt: skip
         except Interrupted as exc:
-            if comm.rank == 0:
-                _say_stopped(exc, s, comm.size, out)
-            return exc.exit_status
+            return run.stopped(exc)
         rows = exchange_json(comm, setup.row(result.skipped_steps))
         why = exchange_json(comm, explain(task, setup, result, start) if diverged(result) else None)
         failed = next((f"rank {r}: {w}" for r, w in enumerate(why) if w), None)  # the same on every rank
-        step = s["steps"]  # the step of the checkpoint: a diverged run's last good one (the same on every rank)
-        if failed:
-            step = good.restore() if good.step is not None else None
-        twin = checkpoint.single_process_copy(dp, model, task.make_optimizer) if writes and step else None
+        step, twin = run.end_state(failed)  # collective: a diverged run's last good step, gathered from every rank
         if getattr(args, "dump", None):
             _dump(Path(args.dump), setup, dp, result, rows)
         if comm.rank == 0:
             print(format_table([result]))
             print(format_ranks(rows))
-            if out is not None:
-                config = {"command": "train", "resumed_from": start, "diverged": failed,
-                          "distributed": {**distributed, "per_rank": rows}}  # fmt: skip
-                document = results_document({task.name: (task, [result])}, config)
-                manifest = {"command": "train", "finished": not failed, "diverged": bool(failed),
-                            "step": step or start + len(result.series["loss"]), "total_steps": s["steps"]}  # fmt: skip
-                written = out.write(lambda folder: _fill(folder, document, None if twin is None else
-                                                         (lambda f: save(f, step, twin))), manifest)  # fmt: skip
-                why = ""
-                if failed:
-                    why = (f" (the checkpoint is of step {step}, {LastGoodState.MEANING})" if step else
-                           " (no checkpoint: no step of this run was good)")  # fmt: skip
-                print(f"wrote {', '.join(written)} to {out.path}{why}")
-        return exit_status.at_the_end(failed, stop, say=comm.rank == 0)
+        return run.finish(result, failed, step, twin, {"distributed": {**distributed, "per_rank": rows}})
+
+
+class DistributedRun(TrainingRun):
+    """The run on N ranks: every rank steps, rank 0 speaks and writes; the collective parts, in step on every rank.
+
+    The ranks stop at the signal any of them received, after the same step; a checkpoint is the
+    single-process copy of the run (``checkpoint.single_process_copy``, gathered from every
+    rank), which ``tinyamp train --resume`` reads as well.
+    """
+
+    where = " on every rank"
+    distributed: dict[str, Any]  # the checkpoint's "distributed": ranks, reduce_dtype, zero, agree, micro_batches
+    flags = ""  # the options of the command that continues the run, besides --resume and --out
+    dump = False  # record a fingerprint after every step (tests compare them)
+
+    @property
+    def comm(self) -> Communicator:
+        return self.setup.optimizer.comm
+
+    @property
+    def speaks(self) -> bool:
+        return self.comm.rank == 0
+
+    def signal(self) -> int:
+        return signal_on_any_rank(self.comm, self.stop)
+
+    def state_to_save(self) -> Any:
+        return checkpoint.single_process_copy(self.setup.optimizer, self.setup.model, self.task.make_optimizer)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {"distributed": self.distributed}
+
+    def saved(self) -> None:
+        self.comm.barrier()  # the checkpoint is on disk before any rank goes on (and may fail)
+
+    def resume_line(self, checkpoint: Path, folder: Path) -> str:
+        command = f"mpiexec -n {self.comm.size} python -m tinyamp.distributed"
+        return f"{command} --resume {checkpoint} --out {folder}{self.flags}"
+
+    def after_step(self, done: int) -> None:
+        if self.dump:
+            self.setup.record_fingerprint()
+        super().after_step(done)
 
 
 def _local_state(dp: DataParallel) -> tuple[Any, Any, dict[str, Any]]:
@@ -591,21 +589,14 @@ def _put_local_state(dp: DataParallel, state: tuple[Any, Any, dict[str, Any]]) -
     dp.optimizer.load_state_dict(optimizer)
 
 
-def _say_stopped(exc: Interrupted, s: dict[str, Any], ranks: int, out: Any) -> None:
-    """Rank 0's sentence after a signal stopped the run: where it stopped, what was written, how to go on."""
-    where = f"tinyamp: stopped by {exc.name} at step {exc.step} of {s['steps']} on every rank"
-    if out is None:
-        print(f"\n{where}; nothing was written (with --out DIR a stopped run leaves a checkpoint to resume from)",
-              file=sys.stderr)  # fmt: skip
-        return
+def _flags(s: dict[str, Any]) -> str:
+    """The options of the command that continues a stopped run, besides --resume and --out."""
     flags = [f"--device {s['device']}"] if s["device"] != "cpu" else []
     flags += [f"--reduce-dtype {s['reduce_dtype']}"] if s["reduce_dtype"] != "float32" else []
     flags += ["--zero"] if s["zero"] else []
     flags += [f"--micro-batches {s['micro_batches']}"] if s["micro_batches"] != 1 else []
     flags += ["--no-agree"] if not s["agree"] else []
-    checkpoint_path = out.path / "checkpoint.npz"
-    print(f"\n{where}; wrote {checkpoint_path}. Continue with:\n  mpiexec -n {ranks} python -m tinyamp.distributed "
-          f"--resume {checkpoint_path} --out {out.path}{''.join(' ' + f for f in flags)}", file=sys.stderr)  # fmt: skip
+    return "".join(" " + f for f in flags)
 
 
 def _held_folder(path: str) -> Any:
@@ -627,28 +618,6 @@ def _checked_folder(folder_type: Any, path: str) -> Any:
         print(f"tinyamp: {out.path}: {sentence}", file=sys.stderr)
     out.check()
     return out
-
-
-def _fill(folder: Path, document: dict[str, Any], save: Any) -> list[str]:
-    from tinyamp.experiments import figures
-    from tinyamp.experiments.results import write_json
-
-    written = [write_json(document, folder).name]
-    if save is not None:
-        written.append(save(folder))
-    if figures.matplotlib_available():
-        written += [p.name for p in figures.write_figures(document, folder)]
-    return written
-
-
-def _progress(show: bool) -> Any:
-    if not show:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return lambda **kw: tqdm(**kw, leave=False, dynamic_ncols=True, file=sys.stderr)
 
 
 def _dump(folder: Path, setup: DistributedSetup, dp: DataParallel, result: Any, rows: list[dict[str, Any]]) -> None:
