@@ -299,14 +299,15 @@ def _mlp_verdict(r: dict[str, Any]) -> str:
     def loss_ratio(a: str, b: str) -> float:
         return r[a].metrics["train_loss"] / r[b].metrics["train_loss"]
 
+    def against_fp32(name: str) -> str:
+        gap = 100 * (r[name].metrics["accuracy"] - r["fp32"].metrics["accuracy"])
+        return (f"{name}: test accuracy {abs(gap):.2f} points {'above' if gap > 0 else 'below'} FP32's "
+                f"({'within' if abs(gap) <= 1.0 else 'NOT within'} 1 point), training loss "
+                f"{loss_ratio(name, 'fp32'):.2f}x FP32's")  # fmt: skip
+
     if "fp32" in r and "mixed" in r:
-        gap = 100 * (r["mixed"].metrics["accuracy"] - r["fp32"].metrics["accuracy"])
-        lines.append(
-            f"mixed: test accuracy {abs(gap):.2f} points {'above' if gap > 0 else 'below'} FP32's "
-            f"({'within' if abs(gap) <= 1.0 else 'NOT within'} 1 point), training loss "
-            f"{loss_ratio('mixed', 'fp32'):.2f}x FP32's: the masters keep the small updates, the loss scale "
-            "keeps the small gradients."
-        )
+        lines.append(f"{against_fp32('mixed')}: the masters keep the small updates, the loss scale keeps the small "
+                     "gradients.")  # fmt: skip
     if "fp16" in r and "mixed" in r and r["fp16"].lost_update_fraction is not None:
         lines.append(
             f"fp16: {100 * r['fp16'].lost_update_fraction:.0f}% of its updates were lost (below half an ulp of "
@@ -321,13 +322,8 @@ def _mlp_verdict(r: dict[str, Any]) -> str:
             "little to change the updates on this model (README, 'The demo')."
         )
     if "fp32" in r and "fp8" in r:
-        gap = 100 * (r["fp8"].metrics["accuracy"] - r["fp32"].metrics["accuracy"])
-        lines.append(
-            f"fp8: test accuracy {abs(gap):.2f} points {'above' if gap > 0 else 'below'} FP32's "
-            f"({'within' if abs(gap) <= 1.0 else 'NOT within'} 1 point), training loss "
-            f"{loss_ratio('fp8', 'fp32'):.2f}x FP32's, with every Linear product on FP8 inputs (E4M3 forward, E5M2 "
-            "gradients, a delayed scale per tensor)."
-        )
+        lines.append(f"{against_fp32('fp8')}, with every Linear product on FP8 inputs (E4M3 forward, E5M2 gradients, "
+                     "a delayed scale per tensor).")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tinyamp.fp8.blocks import shared_exponents
 from tinyamp.fp8.formats import E4M3, E5M2, decode, encode, encode_e8m0
 from tinyamp.testing import check_delayed_scaling
-from tinyamp.testing.counterexamples import array_in_words, check_settings, number
+from tinyamp.testing.counterexamples import array_in_words, call, check_settings, number
 from tinyamp.testing.strategies import fp8_rounding_points, shapes
 
 # ---- 10.1: E4M3 by hand --------------------------------------------------------------------------------------
@@ -42,12 +42,7 @@ def e4m3_at(round_to_e4m3: Callable[[np.ndarray], np.ndarray], x: np.ndarray, ab
     """AssertionError in words unless round_to_e4m3(x) holds the saturating cast's bit patterns."""
     expected = encode(x, E4M3)
     about = about or array_in_words(x)
-    try:
-        got = round_to_e4m3(x.copy())
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"for {about} yours raised {type(exc).__name__}: {exc}") from exc
+    got = call(f"for {about} yours", round_to_e4m3, x.copy())
     if not isinstance(got, np.ndarray) or got.shape != x.shape or got.dtype != np.uint8:
         what = f"{type(got).__name__} {getattr(got, 'dtype', '')} {getattr(got, 'shape', '')}"
         raise AssertionError(f"for {about} return a uint8 array of shape {x.shape}, one E4M3 bit pattern per value; "
@@ -162,12 +157,7 @@ def scales_at(
     amax = np.abs(x.astype(np.float64)).reshape(*x.shape[:-1], -1, 32).max(axis=-1)
     expected = encode_e8m0(shared_exponents(amax, FORMATS[fmt], "floor"))
     about = f"{about or array_in_words(x)} and fmt = {fmt!r}"
-    try:
-        got = mx_block_scales(x.copy(), fmt)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"for {about} yours raised {type(exc).__name__}: {exc}") from exc
+    got = call(f"for {about} yours", mx_block_scales, x.copy(), fmt)
     if not isinstance(got, np.ndarray) or got.shape != expected.shape or got.dtype != np.uint8:
         what = f"{type(got).__name__} {getattr(got, 'dtype', '')} {getattr(got, 'shape', '')}"
         raise AssertionError(f"for {about} return a uint8 array of shape {expected.shape}, one E8M0 byte per block "
