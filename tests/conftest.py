@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -41,3 +42,11 @@ def device(request: pytest.FixtureRequest) -> str:
     if request.param == "cuda" and not tinyamp.cuda_is_available():
         pytest.skip("device='cuda' needs CuPy and a CUDA GPU; neither is usable here")
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def deferred_checks_end_with_their_test() -> Any:
+    """A range check a GPU deferred (tinyamp.backend.defer_check) and no read answered belongs to its test:
+    left pending, it would raise at the next test's first read."""
+    yield
+    tinyamp.backend.take_pending_checks()

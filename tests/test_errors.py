@@ -231,7 +231,18 @@ def test_cross_entropy_with_no_classes_names_the_shape() -> None:
 def test_embedding_index_out_of_range_names_the_range_and_values(idx: list, low: int, high: int, device: str) -> None:
     table = ta.zeros((4, 2), device=device, requires_grad=True)
     with pytest.raises(IndexError, match=esc("[0, 4)", f"from {low} to {high}")):
-        ta.embedding(table, idx)
+        ta.embedding(table, idx).sum().item()  # a GPU answers the check at the first read, here
+
+
+@pytest.mark.parametrize(("labels", "low", "high"), [([0, 5, 1], 0, 5), ([-1, 2, 0], -1, 2)])
+def test_cross_entropy_labels_out_of_range_are_reported_by_the_first_read(
+    labels: list, low: int, high: int, device: str
+) -> None:
+    """At the call on the CPU; on a GPU, which checks without making the host wait, at the first read."""
+    logits = ta.zeros((3, 5), device=device, requires_grad=True)
+    with pytest.raises(ValueError, match=esc("[0, 5)", f"from {low} to {high}")):
+        ta.cross_entropy(logits, ta.tensor(labels, device=device)).item()
+    assert ta.cross_entropy(logits, ta.tensor([0, 4, 1], device=device)).item() > 0  # nothing left to raise
 
 
 def test_embedding_float_indices_name_the_dtype() -> None:

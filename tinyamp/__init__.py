@@ -16,7 +16,7 @@ from tinyamp import _startup  # noqa: F401, I001  (first: a quiet Ctrl-C while t
 from tinyamp import backend, kernels, nn, ops, optim
 from tinyamp.engine import cuda, fast
 from tinyamp.autograd import GradientError
-from tinyamp.backend import DeviceError, cuda_is_available
+from tinyamp.backend import DeviceError, OutOfRangeError, cuda_is_available
 from tinyamp.recompute import checkpoint, checkpoint_sequential
 from tinyamp.creation import arange, full, ones, rand, randn, zeros
 from tinyamp.dtypes import bool_, float16, float32, float64, int32, int64
@@ -59,7 +59,7 @@ if ENGINE_ROOM == "on":  # the engine room answers before the reference kernels,
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "tensor", "Function", "GradientError", "DeviceError",
+    "Tensor", "tensor", "Function", "GradientError", "DeviceError", "OutOfRangeError",
     "checkpoint", "checkpoint_sequential",
     "no_grad", "enable_grad", "is_grad_enabled", "cuda_is_available", "manual_seed", "gradcheck",
     "keep_freed_memory", "kernels",

@@ -8,7 +8,9 @@ its array: a ``numpy.ndarray`` lives on ``"cpu"``, a ``cupy.ndarray`` on ``"cuda
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -21,6 +23,11 @@ _cupy: ModuleType | None = None  # set by _import_cupy() once CuPy has been aske
 
 class DeviceError(RuntimeError):
     """A device that does not exist here, or tensors on two devices in one op."""
+
+
+class OutOfRangeError(ValueError, IndexError):
+    """An integer label or index outside [0, size): a ValueError for cross-entropy's labels and an
+    IndexError for an embedding's rows (both, as NumPy's AxisError is both)."""
 
 
 class EngineRoomSettingError(ValueError):
@@ -193,6 +200,7 @@ def to_device(array: Any, device: str) -> Any:
     if device_of(array) == device:
         return array
     if device == "cpu":
+        settle_checks("at the first read from the GPU after the call")  # the host waits here anyway
         return array.get()
     return _import_cupy().asarray(array)
 
@@ -201,7 +209,10 @@ def host_floats(values: list[Any]) -> list[float]:
     """0-d arrays (on any devices) or numbers as Python floats, one device-to-host copy per device.
 
     Each copy makes the host wait for the GPU, so a training step gathers what it must
-    read (overflow flags, gradient norms, counts) and reads it once."""
+    read (overflow flags, gradient norms, counts) and reads it once; the flags of deferred
+    checks (below) ride along, and one that failed raises its error here."""
+    checks = take_pending_checks()
+    values = [*values, *(check.flag for check in checks)]
     by_module: dict[int, list[int]] = {}
     for i, v in enumerate(values):
         by_module.setdefault(id(get_array_module(v)), []).append(i)
@@ -211,4 +222,82 @@ def host_floats(values: list[Any]) -> list[float]:
         stacked = xp.stack([xp.asarray(values[i], dtype=np.float64) for i in indices])
         for i, v in zip(indices, to_device(stacked, "cpu").tolist()):
             host[i] = v
-    return host
+    raise_failed_checks(checks, host[len(host) - len(checks) :], "at the first read from the GPU after the call")
+    return host[: len(host) - len(checks)]
+
+
+# ---- checks the GPU answers later ------------------------------------------------------------------------
+# A range check of labels or indices needs two numbers on the host (the smallest and largest
+# value); on a GPU that read makes the host wait for every kernel launched before it, once per
+# call.  The engine room keeps such a check on the device instead (engine/cuda/range_check.py) and
+# it is answered at the next read the program makes anyway: a step's read of its overflow
+# check takes the checks' flags along, and a check that failed raises its error there, before
+# any weight changes.  On the CPU nothing is deferred: the check raises at the call.
+def out_of_range_message(what: str, size: int, low: int, high: int) -> str:
+    """The sentence of an OutOfRangeError: the range, and the smallest and largest value found."""
+    return f"{what} must lie in [0, {size}); got values from {low} to {high}"
+
+
+def check_in_range(values: Any, size: int, what: str) -> Any:
+    """`values` (integers, not empty) once checked to lie in [0, size); else an OutOfRangeError naming them.
+
+    The reference of the kernel "check_in_range": the smallest and largest value reach the host
+    in one read.  On a GPU the engine room defers the check instead (defer_check) and returns a
+    copy of `values` clipped into [0, size), so that no kernel reads outside a table before the
+    error is raised, at the next read (before a step changes a weight).
+    """
+    xp = get_array_module(values)
+    low, high = (int(v) for v in to_device(xp.stack([values.min(), values.max()]), "cpu"))
+    if low < 0 or high >= size:
+        raise OutOfRangeError(out_of_range_message(what, size, low, high))
+    return values
+
+
+@dataclass
+class DeferredCheck:
+    """Integers that must lie in [0, size), checked on the device: `bounds` holds their (min, max), and
+    `flag` is a 0-d float64 array, 0 when they lie in range and inf when not (a non-finite value, so that
+    it can sit among a step's sums of squares and make the step skip)."""
+
+    what: str
+    size: int
+    bounds: Any
+    flag: Any
+
+    def error(self, read_at: str) -> OutOfRangeError:
+        low, high = (int(v) for v in to_device(self.bounds, "cpu").tolist())
+        message = out_of_range_message(self.what, self.size, low, high)
+        return OutOfRangeError(f"{message} (checked on the GPU without making the host wait; reported {read_at})")
+
+
+_pending_checks: list[DeferredCheck] = []
+MAX_PENDING_CHECKS = 256  # forward passes that read nothing (an evaluation loop) hold at most this many
+
+
+def defer_check(check: DeferredCheck) -> None:
+    """Keep `check` until the next read from the GPU (or until MAX_PENDING_CHECKS are kept)."""
+    _pending_checks.append(check)
+    if len(_pending_checks) >= MAX_PENDING_CHECKS:
+        settle_checks(f"after {MAX_PENDING_CHECKS} checks with no read between them")
+
+
+def take_pending_checks() -> list[DeferredCheck]:
+    """The checks not answered yet, handed to a caller that reads their flags with its own read."""
+    taken = list(_pending_checks)
+    _pending_checks.clear()
+    return taken
+
+
+def raise_failed_checks(checks: list[DeferredCheck], flags: list[float], read_at: str) -> None:
+    """Raise the error of the first of `checks` whose flag, read to the host, is not finite."""
+    for check, flag in zip(checks, flags):
+        if not math.isfinite(flag):
+            raise check.error(read_at)
+
+
+def settle_checks(read_at: str) -> None:
+    """Answer every check not answered yet, with one read of their flags; raise the first that failed."""
+    checks = take_pending_checks()
+    if checks:
+        xp = get_array_module(checks[0].flag)
+        raise_failed_checks(checks, to_device(xp.stack([c.flag for c in checks]), "cpu").tolist(), read_at)

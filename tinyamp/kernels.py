@@ -3,8 +3,8 @@
 Ops, optimizers and the loss scaler do the array work that needs more than NumPy's own
 operators here: casts between float widths, the 16-bit add, ReLU, the Tensor Core product,
 sums of rows, scatter-adds, unscaling.  Each body is the reference, written to be read (GELU,
-softmax, layer norm, cross-entropy and the loss scaler's whole step keep theirs beside their
-code, and come here by ``call``).
+softmax, layer norm, cross-entropy, range checks and the loss scaler's whole step keep theirs
+beside their code, and come here by ``call``).
 
 The engine room gives the same bits faster, or on a GPU: ``tinyamp.engine.fast`` and
 ``tinyamp.engine.cuda`` ``register`` implementations under a kernel's name (``tinyamp/__init__.py``
@@ -188,5 +188,5 @@ def sum_of_squares(g: Any) -> Any:
 KERNELS = (
     "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm",
     "layer_norm_backward", "cross_entropy", "cross_entropy_backward", "product", "sum_rows", "scatter_add",
-    "multiply_and_sum_squares_", "sum_of_squares", "scaled_step",
+    "multiply_and_sum_squares_", "sum_of_squares", "scaled_step", "check_in_range",
 )  # fmt: skip

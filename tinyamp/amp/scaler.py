@@ -21,7 +21,6 @@ One training step, in order (each call out of order is an error that says why)::
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -32,7 +31,7 @@ from tinyamp import backend, dtypes, kernels
 from tinyamp.amp import scaler_checks
 from tinyamp.amp.loss_scale import ScaleEvent
 from tinyamp.amp.presets import PRESETS
-from tinyamp.backend import get_array_module
+from tinyamp.backend import OutOfRangeError, get_array_module
 from tinyamp.tensor import Tensor
 
 
@@ -198,7 +197,11 @@ class LossScaler:
         gradient's dtype; FP32 masters gather (widen) their gradients first.  Once per step, before clipping.
         """
         self._check_can_unscale(optimizer)
-        nonfinite, sums = self._unscale(optimizer, 1.0 / self._scale)  # exact for a power of two
+        try:
+            nonfinite, sums = self._unscale(optimizer, 1.0 / self._scale)  # exact for a power of two
+        except OutOfRangeError:  # bad labels, reported at this read (a GPU checks late): scale the next loss
+            self._phase = "ready"
+            raise
         self._grad_norm = math.sqrt(math.fsum(sums))
         self._phase, self._unscaled_optimizer = "unscaled", id(optimizer)
         return dict(nonfinite)
@@ -235,7 +238,11 @@ class LossScaler:
         self._check_can_step(optimizer)
         again = self._phase == "unscaled"  # unscale_ ran: multiplying by 1 only checks again
         inverse = 1.0 if again else 1.0 / self._scale
-        nonfinite, sums = kernels.call("scaled_step", self._unscale_and_step, optimizer, inverse)
+        try:
+            nonfinite, sums = kernels.call("scaled_step", self._unscale_and_step, optimizer, inverse)
+        except OutOfRangeError:  # bad labels, reported at this read (a GPU checks late): no weight changed
+            self._phase, self._unscaled_optimizer = "ready", None
+            raise
         if not again or any(nonfinite.values()):  # else unscale_'s norm stands: the one before clipping
             self._grad_norm = math.sqrt(math.fsum(sums))
         return self._finish_step([name for name, bad in nonfinite.items() if bad])
@@ -265,7 +272,7 @@ class LossScaler:
         PyTorch the gradients are multiplied by max_norm / (norm + 1e-6) when that is below 1.
         """
         params, _ = scaler_checks.optimizer_params(optimizer)
-        check_max_norm(max_norm)
+        scaler_checks.check_max_norm(max_norm)
         if self._phase != "unscaled":
             raise ScalerOrderError(
                 f"clip_grad_norm_ at step {self._step_count} (phase {self._phase!r}) would be reading scaled "
@@ -388,9 +395,8 @@ class LossScaler:
 
     def _check_between_steps(self, method: str, advice: str) -> None:
         if self._phase != "ready":
-            raise ScalerOrderError(
-                f"{method} in the middle of step {self._step_count} (phase {self._phase!r}); {advice}"
-            )
+            step, phase = self._step_count, self._phase
+            raise ScalerOrderError(f"{method} in the middle of step {step} (phase {phase!r}); {advice}")
 
 
 def global_norm(grads: list[Any]) -> float:
@@ -404,7 +410,7 @@ def clip_by_global_norm_(grads: list[Any], max_norm: float, norm_of: Callable[[]
     The norm is ``global_norm(grads)``, or ``norm_of()`` where the gradients are sharded over processes
     (DataParallel sums it over every rank).  A norm that is not finite changes nothing: step() will skip.
     """
-    check_max_norm(max_norm)
+    scaler_checks.check_max_norm(max_norm)
     norm = global_norm(grads) if norm_of is None else norm_of()
     coefficient = float(max_norm) / (norm + 1e-6)
     if math.isfinite(norm) and coefficient < 1.0:
@@ -412,8 +418,3 @@ def clip_by_global_norm_(grads: list[Any], max_norm: float, norm_of: Callable[[]
             kernels.multiply_and_sum_squares_(g, coefficient)  # rounded once into g's dtype; the sum is not needed
     return norm
 
-
-def check_max_norm(max_norm: Any) -> None:
-    """A ValueError in one sentence unless `max_norm` is a real number above 0."""
-    if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool) or not max_norm > 0:
-        raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")

@@ -229,3 +229,9 @@ def optimizer_params(optimizer: Any) -> tuple[list[Tensor], list[str]]:
     if len(params) != len(names):
         raise ValueError(f"the optimizer has {len(params)} params but {len(names)} names")
     return params, names
+
+
+def check_max_norm(max_norm: Any) -> None:
+    """A ValueError in one sentence unless `max_norm` is a real number above 0."""
+    if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool) or not max_norm > 0:
+        raise ValueError(f"max_norm must be a number > 0; got {max_norm!r}")

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from tinyamp import backend, dtypes, kernels
-from tinyamp.amp.scaler import check_max_norm, clip_by_global_norm_
+from tinyamp.amp.scaler import clip_by_global_norm_
+from tinyamp.amp.scaler_checks import check_max_norm
 from tinyamp.distributed import allreduce
 from tinyamp.distributed.agreement import RemoteOverflow, agree_on_overflow
 from tinyamp.distributed.communicator import Communicator

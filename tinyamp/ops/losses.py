@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyamp import kernels
+from tinyamp import backend, kernels
 from tinyamp.autocast import cast_inputs
-from tinyamp.backend import get_array_module, to_device
+from tinyamp.backend import get_array_module
 from tinyamp.dtypes import accumulation_dtype
 from tinyamp.function import Function
 from tinyamp.ops.softmax import stable_log_softmax
@@ -91,11 +91,8 @@ def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean")
             "hold no examples, and the mean of no losses is undefined. Skip empty batches before the forward pass "
             "(if len(y) == 0: continue), or pass reduction='sum'"
         )
-    if labels.size:
-        xp = get_array_module(labels.data)
-        # both bounds in one device-to-host read (two reads would be two GPU syncs per call)
-        low, high = (int(v) for v in to_device(xp.stack([labels.data.min(), labels.data.max()]), "cpu"))
-        if low < 0 or high >= classes:
-            raise ValueError(f"cross_entropy labels must lie in [0, {classes}); got values from {low} to {high}")
+    if labels.size:  # checked; on a GPU the check is answered at the next read (backend.defer_check)
+        checked = kernels.call("check_in_range", backend.check_in_range, labels.data, classes, "cross_entropy labels")
+        labels = Tensor(checked)
     (logits,) = cast_inputs("cross_entropy", logits)
     return CrossEntropy.apply(logits, labels, reduction=reduction)

@@ -72,6 +72,7 @@ class Optimizer:
                     f"parameter {name} has shape {p.data.shape} and dtype {p.data.dtype}, but its .grad has shape "
                     f"{g.shape} and dtype {g.dtype}; a gradient must match its parameter"
                 )
+        backend.settle_checks("before the optimizer's step changed any weight")  # labels checked on a GPU
         self.step_count += 1
         for p, state in zip(self.params, self.state):
             if p.grad is None:

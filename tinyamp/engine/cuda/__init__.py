@@ -12,12 +12,13 @@ arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they 
   pass in one kernel (or a few, for their row reductions);
 * ``scaler_step``: a whole loss-scaler step with the skip decided on the device, over the
   fused master-weight updates of ``master_update``;
-* ``scatter``: scatter-adds with ``cupyx.scatter_add``.
+* ``scatter``: scatter-adds with ``cupyx.scatter_add``;
+* ``range_check``: range checks of labels and indices answered at the step's one read.
 """
 
 from __future__ import annotations
 
-from tinyamp.engine.cuda import fused_ops, gemm, scaler_step, scatter, unscale
+from tinyamp.engine.cuda import fused_ops, gemm, range_check, scaler_step, scatter, unscale
 
 IMPLEMENTATIONS = {
     "product": gemm.product,
@@ -36,6 +37,7 @@ IMPLEMENTATIONS = {
     "layer_norm_backward": fused_ops.layer_norm_backward,
     "cross_entropy": fused_ops.cross_entropy,
     "cross_entropy_backward": fused_ops.cross_entropy_backward,
+    "check_in_range": range_check.check_in_range,
 }
 # tinyamp/__init__.py registers them behind tinyamp.kernels
 

@@ -15,6 +15,10 @@ every update has a fused kernel (master_update.py):
 3. the host reads the array of sums, once; after an overflow it rolls its own counters back (the
    optimizer's step count, and the state entries the step created).
 
+Range checks of labels and indices made on the device since the last read (range_check.py)
+put their flags (0, or inf) in slots of the same array: a failed one makes the kernels skip,
+and its error is raised after the read, with nothing changed.
+
 Same arithmetic, so the same bits, as gather + unscale + step on the host (tests/engine_room
 check it on the CPU with NumPy stand-ins for the kernels).
 """
@@ -37,9 +41,12 @@ def scaled_step(optimizer: Any, inverse: float) -> Any:
     present = [(i, name, p.grad) for i, (name, p) in enumerate(zip(optimizer.names, optimizer.model_params))
                if p.grad is not None]  # fmt: skip
     xp = backend.get_array_module(present[0][2])
-    sums = xp.empty(len(present), np.float64)  # one slot per gradient: one array to check and to read
+    checks = backend.take_pending_checks()  # labels or indices checked on the device (range_check.py)
+    sums = xp.empty(len(present) + len(checks), np.float64)  # a slot per gradient and per check: one array
     for k, (_, _, g) in enumerate(present):
         unscale.scaled_sum_of_squares(g, inverse, out=sums[k, ...])  # a 0-d view of slot k
+    for k, check in enumerate(checks, start=len(present)):
+        sums[k] = check.flag  # inf when values lay out of range: the step skips, as for an overflow
     skip = unscale.any_not_finite(sums)  # decided on the device
     inner = optimizer.optimizer
     counters = inner.step_count, [dict(s) for s in inner.state]
@@ -50,6 +57,8 @@ def scaled_step(optimizer: Any, inverse: float) -> Any:
     host = backend.to_device(sums, "cpu").tolist()  # the one read of the step
     if not all(math.isfinite(v) for v in host):  # the kernels changed nothing: undo the host's bookkeeping
         inner.step_count, inner.state = counters[0], [dict(s) for s in counters[1]]
+    backend.raise_failed_checks(checks, host[len(present) :], "at the loss scaler's step, which changed no weight")
+    host = host[: len(present)]
     return {name: not math.isfinite(v) for (_, name, _), v in zip(present, host)}, host
 
 

@@ -18,7 +18,8 @@ Rules it enforces, as CuPy 14 does:
 * a device array is not a Python integer (CuPy's ndarray has no __index__);
 * bfloat16 (kind 'V') is refused: tinyamp keeps it on the CPU, so one reaching a device array is a bug
   (CuPy 14 has initial bfloat16 support through ml_dtypes; tinyamp's GPU code does not use it).
-Every violation is also appended to VIOLATIONS with a stack summary.
+Every violation is also appended to VIOLATIONS with a stack summary.  READS counts the
+device-to-host reads (get, item, tolist, float, int, bool): on a GPU each makes the host wait.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as _np
 
 __version__ = "14.2.0-stand-in"
 VIOLATIONS: list[str] = []
+READS = [0]  # device-to-host reads so far (a list: tests read and reset READS[0])
 
 
 def _basic_index(i) -> bool:
@@ -133,24 +135,30 @@ class ndarray:
         _violation("strict CuPy stand-in: Implicit conversion to a NumPy array is not allowed. Please use `.get()`")
 
     def get(self, stream=None, order="C", out=None):
+        READS[0] += 1
         return self._a.copy()
 
     def item(self):
+        READS[0] += 1
         return self._a.item()
 
     def tolist(self):
+        READS[0] += 1
         return self._a.tolist()
 
     def __float__(self):
+        READS[0] += 1
         return float(self._a)
 
     def __int__(self):
+        READS[0] += 1
         return int(self._a)
 
     def __index__(self):  # CuPy 14's ndarray has none: a device scalar is not a Python integer
         _violation("strict CuPy stand-in: a cupy.ndarray used as a Python integer (CuPy has no __index__)")
 
     def __bool__(self):
+        READS[0] += 1
         return bool(self._a)
 
     def __len__(self):
