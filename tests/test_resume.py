@@ -335,3 +335,24 @@ def test_the_signal_handlers_are_restored_after_a_command() -> None:
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert main(["train", "--quiet", "--steps", "2"]) == 0
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_one_process_and_n_ranks_refuse_a_resume_in_the_same_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tinyamp train` and `tinyamp distributed` read --resume with one function (experiments/resume.py)."""
+    from tinyamp.distributed.train import DistributedUsageError, _resume_settings
+    from tinyamp.experiments.resume import KEPT
+
+    assert main(["train", "--quiet", "--steps", "2", "--out", str(tmp_path / "run")]) == 0
+    checkpoint = str(tmp_path / "run" / "checkpoint.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a checkpoint")
+    cases = [(checkpoint, {"lr": 0.5}), (str(tmp_path / "missing.npz"), {}), (str(tmp_path / "junk.npz"), {})]
+    for path, given in cases:
+        capsys.readouterr()
+        lr = ["--lr", str(given["lr"])] if "lr" in given else []
+        assert main(["train", "--quiet", "--resume", path, *lr]) == 2
+        single = capsys.readouterr().err.strip().removeprefix("tinyamp: ").removeprefix("error: ")
+        with pytest.raises(DistributedUsageError) as refused:
+            _resume_settings({"resume": path, **dict.fromkeys(KEPT), **given})
+        assert str(refused.value) == single and single.startswith(("--resume", "--lr"))

@@ -34,7 +34,7 @@ import numpy as np
 
 from tinyamp.engine.fast.allocator import keep_freed_memory
 from tinyamp.exercises import command as exercises_command
-from tinyamp.experiments import exit_status, run_settings
+from tinyamp.experiments import exit_status, resume, run_settings
 from tinyamp.experiments import history as run_history
 from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
@@ -355,30 +355,12 @@ def _check_settings(args: argparse.Namespace, *names: str) -> None:
 
 def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
     """The settings saved in a --resume checkpoint, each checked, and checked against the command line."""
-    from tinyamp.amp import CheckpointError
-    from tinyamp.amp.training_state import read_extra
-
     try:
-        extra = read_extra(args.resume)  # the settings alone: the model they describe bounds the rest
-    except FileNotFoundError as exc:
-        raise UsageError(f"--resume {args.resume}: no such file") from exc
-    except (CheckpointError, OSError) as exc:
-        raise UsageError(f"--resume: {exc}") from exc
-    try:
-        saved = run_settings.checked_extra(extra, args.resume)
-        past = None if "history" not in extra else run_history.from_extra(extra["history"], saved["step"], args.resume)
-    except ValueError as exc:
-        raise UsageError(f"--resume {exc}") from exc
-    args.history = past
+        saved, args.history, extra = resume.read_resume(args.resume, {key: getattr(args, key) for key in resume.KEPT})
+    except resume.ResumeError as exc:
+        raise UsageError(str(exc)) from exc
     args.fp8_state = extra.get("fp8")
-    for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
-        given = getattr(args, key)
-        if given is not None and given != saved[key]:
-            flag = "--" + key.replace("_", "-")
-            raise UsageError(
-                f"{flag} {given} differs from the checkpoint's {flag} {saved[key]}: a resumed run keeps its "
-                f"settings; leave out {flag}"
-            )
+    for key in resume.KEPT:
         setattr(args, key, saved[key])
     return saved
 

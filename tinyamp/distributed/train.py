@@ -45,7 +45,7 @@ from tinyamp.distributed.communicator import (
 )
 from tinyamp.distributed.data_parallel import DataParallel
 from tinyamp.distributed.faults import Fault, parse_at
-from tinyamp.experiments import exit_status, run_settings
+from tinyamp.experiments import exit_status, resume, run_settings
 from tinyamp.experiments import history as run_history
 from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
@@ -351,19 +351,11 @@ def _problem(s: dict[str, Any], size: int) -> str | None:
 
 def _resume_settings(s: dict[str, Any]) -> dict[str, Any]:
     """Take the stored settings of --resume (refusing any given that differ); return them."""
-    from tinyamp.amp.training_state import read_extra
-
     try:
-        extra = read_extra(s["resume"])
-        saved = run_settings.checked_extra(extra, s["resume"])
-        if "history" in extra:
-            run_history.from_extra(extra["history"], saved["step"], s["resume"])  # checked here, read on every rank
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DistributedUsageError(f"--resume: {exc}") from exc
-    for key in ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule"):
-        if s[key] is not None and s[key] != saved[key]:
-            raise DistributedUsageError(f"--{key.replace('_', '-')} {s[key]} differs from the checkpoint's "
-                                        f"{saved[key]}: a resumed run keeps its settings")  # fmt: skip
+        saved, _, _ = resume.read_resume(s["resume"], {key: s[key] for key in resume.KEPT})  # history: every rank
+    except resume.ResumeError as exc:
+        raise DistributedUsageError(str(exc)) from exc
+    for key in resume.KEPT:
         s[key] = saved[key]
     return saved
 
