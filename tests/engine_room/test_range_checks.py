@@ -66,6 +66,30 @@ def test_on_the_device_the_check_waits_for_the_next_read_and_is_answered_once() 
 
 
 @pytest.mark.usefixtures("checks_on_the_device")
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.uint64, np.int64])
+def test_the_device_check_of_any_integer_dtype_decides_as_the_reference_and_clips_into_range(dtype: Any) -> None:
+    """Small dtypes against a larger table (an int8 label and 300 classes), and the largest values of each."""
+    info = np.iinfo(dtype)
+    for size in (3, 300):
+        for values in ([0, 1], [0, 2], [0, 3], [info.min, 1], [0, info.max], [info.min, info.max]):
+            values = np.array(values, dtype=dtype)
+            expected = None
+            try:
+                backend.check_in_range(values, size, "values")
+            except OutOfRangeError as error:
+                expected = str(error)
+            safe = range_check.check_in_range(values, size, "values")
+            assert safe.dtype == values.dtype and safe.min() >= 0 and safe.max() < size
+            if expected is None:
+                backend.settle_checks("at the test")
+                assert (safe == values).all()
+            else:
+                with pytest.raises(OutOfRangeError) as raised:
+                    backend.settle_checks("at the test")
+                assert str(raised.value).startswith(expected + " (checked on the GPU")
+
+
+@pytest.mark.usefixtures("checks_on_the_device")
 def test_checks_held_without_a_read_are_bounded() -> None:
     """An evaluation loop that reads nothing holds at most MAX_PENDING_CHECKS; then they are read."""
     logits = ta.zeros((2, 3))

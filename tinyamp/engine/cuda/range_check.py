@@ -32,6 +32,9 @@ def check_in_range(values: Any, size: int, what: str) -> Any:
         return NotImplemented
     xp = backend.get_array_module(values)
     bounds = xp.stack([values.min(), values.max()])
-    out_of_range = (bounds[0] < 0) | (bounds[1] >= size)
+    # Compared in float64, where rounding keeps every order with size (exact up to 2^53): a Python
+    # int compared with, or clipped into, an int8 or uint8 array must fit that dtype (NEP 50).
+    wide = bounds.astype(np.float64)
+    out_of_range = (wide[0] < 0) | (wide[1] >= size)
     backend.defer_check(backend.DeferredCheck(what, size, bounds, xp.where(out_of_range, np.inf, 0.0)))
-    return xp.clip(values, 0, size - 1)
+    return xp.clip(values, 0, min(size - 1, int(np.iinfo(values.dtype).max)))
