@@ -12,13 +12,12 @@ arithmetic one IEEE instruction at a time (``exact_float32.PREAMBLE``), so they 
   pass in one kernel (or a few, for their row reductions);
 * ``scaler_step``: a whole loss-scaler step with the skip decided on the device, over the
   fused master-weight updates of ``master_update``;
-* ``scatter``: scatter-adds with ``cupyx.scatter_add``;
 * ``range_check``: range checks of labels and indices answered at the step's one read.
 """
 
 from __future__ import annotations
 
-from tinyamp.engine.cuda import fused_ops, gemm, range_check, scaler_step, scatter, unscale
+from tinyamp.engine.cuda import fused_ops, gemm, range_check, scaler_step, unscale
 
 IMPLEMENTATIONS = {
     "product": gemm.product,
@@ -26,7 +25,6 @@ IMPLEMENTATIONS = {
     "multiply_and_sum_squares_": unscale.multiply_and_sum_squares_,
     "sum_of_squares": unscale.sum_of_squares,
     "scaled_step": scaler_step.scaled_step,
-    "scatter_add": scatter.scatter_add,
     "relu": fused_ops.relu,
     "relu_backward": fused_ops.relu_backward,
     "gelu": fused_ops.gelu,

@@ -305,7 +305,7 @@ class ndarray:
             kwargs["out"] = tuple(o._a for o in outs)
         if method != "__call__":
             if method == "at":
-                _violation("strict CuPy stand-in: ufunc.at on device arrays (use cupyx.scatter_add)")
+                _violation("strict CuPy stand-in: numpy ufunc.at on device arrays (use cupy.add.at)")
             r = getattr(ufunc, method)(*args, **kwargs)
         else:
             r = ufunc(*args, **kwargs)
@@ -530,6 +530,9 @@ for _fn in [
     if hasattr(_np, _fn):
         setattr(sys.modules[__name__], _fn, _make(_fn))
 
+# CuPy's scatter-add is ufunc.at (add.at); cupyx.scatter_add is deprecated since CuPy 14.
+add.at = lambda a, indices, b: scatter_add_impl(a, indices, b)  # noqa: E731, F821
+
 # dtypes
 for _t in [
     "float16",
@@ -654,9 +657,9 @@ cuda = types.SimpleNamespace(
 
 def scatter_add_impl(a, idx, v):
     if not isinstance(a, ndarray):
-        _violation("strict CuPy stand-in, cupyx.scatter_add: target is not a device array")
+        _violation("strict CuPy stand-in, cupy.add.at: target is not a device array")
     if isinstance(v, _np.ndarray) and not isinstance(v, ndarray):
-        _violation("strict CuPy stand-in, cupyx.scatter_add: value is a host array")
+        _violation("strict CuPy stand-in, cupy.add.at: value is a host array")
     vv = v._a if isinstance(v, ndarray) else v
     if _np.dtype(getattr(vv, "dtype", _np.float64)).type not in (
         _np.int32,
@@ -666,7 +669,7 @@ def scatter_add_impl(a, idx, v):
         _np.uint32,
         _np.uint64,
     ):
-        _violation(f"strict CuPy stand-in, cupyx.scatter_add: unsupported dtype {getattr(vv, 'dtype', None)}")
+        _violation(f"strict CuPy stand-in, cupy.add.at: unsupported dtype {getattr(vv, 'dtype', None)}")
     _np.add.at(a._a, _index(idx), vv)
 
 
