@@ -4,12 +4,15 @@ exercise is still graded.  Each case is a real workspace graded by the real comm
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,6 +126,40 @@ def test_exit_status_0_only_when_every_exercise_asked_for_passes(solutions: Path
     write_workspace(tmp_path / "stubs")
     done = tinyamp("exercises", "check", str(tmp_path / "stubs"), "--only", "1.1")
     assert done.returncode == 1 and "1 not started" in done.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_grading_command_ends_its_children_and_their_copies(
+    solutions: Path, tmp_path: Path, signum: int
+) -> None:
+    """Ctrl-C during `exercises check` while a student's endless loop runs: one line, 128 + the signal, and no
+    child left spinning (it has a process group of its own, so the terminal's Ctrl-C never reaches it)."""
+    pid_file, temporary = tmp_path / "child.pid", tmp_path / "tmp"
+    temporary.mkdir()
+    loop = f"import os; open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    while True: pass"
+    with_first_line(solutions, "backward", "softmax_backward", loop)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), TMPDIR=str(temporary))
+    argv = [sys.executable, "-m", "tinyamp", "exercises", "check", str(solutions), "--only", "2.1"]
+    command = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())  # the student's loop is running
+        command.send_signal(signum)
+        _, stderr = command.communicate(timeout=60)
+        assert command.returncode == 128 + signum, stderr
+        assert stderr.strip() == f"tinyamp: stopped by {signal.Signals(signum).name}; nothing was written"
+        with pytest.raises(ProcessLookupError):  # killed and reaped by the command before it ended
+            os.kill(child, 0)
+        assert list(temporary.iterdir()) == []  # its copy of the workspace removed
+    finally:
+        command.kill()
+        if child:  # a failing run must not leave the loop spinning either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 # ---- the student's line, never the grader's ---------------------------------------------------------------

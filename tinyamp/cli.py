@@ -690,10 +690,9 @@ def _run(args: argparse.Namespace) -> int:
     """The command `args` names; its exit status."""
     _WRITTEN.clear()
     try:
-        if args.command == "info":
-            return info()
-        if args.command == "exercises":
-            return exercises_command.run(args)
+        if args.command in ("info", "exercises"):  # a signal stops them at once, through their `finally`s: a
+            with handle_signals():  # grading's children are killed and its copies removed (exercises/isolation.py)
+                return info() if args.command == "info" else exercises_command.run(args)
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (engine/fast/allocator.py)
         if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
             raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")
