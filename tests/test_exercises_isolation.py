@@ -180,6 +180,27 @@ def test_a_failure_names_the_students_file_and_line(solutions: Path) -> None:
     assert "tinyamp/" not in done.stdout.replace(str(ROOT), "")  # no grader source in any reason
 
 
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("if True", r"myamp/backward\.py does not import: SyntaxError: expected ':' \(backward\.py, line {line}\)"),
+        (
+            "from dataclasses import dataclass\n    @dataclass(frozen=True)\n    class P:\n        a: int = 0\n    "
+            "P().a = 2",
+            r"raised FrozenInstanceError: cannot assign to field 'a'",
+        ),
+    ],
+    ids=["a syntax error", "code a dataclass generated"],
+)
+def test_code_with_no_file_of_its_own_is_placed_at_the_students_line(solutions: Path, line: str, reason: str) -> None:
+    """Python names a frame with no file "<string>" or "<frozen importlib._bootstrap>"; grading runs in the
+    workspace, where such a name resolved to a path looked like the student's file: the line must be theirs."""
+    with_first_line(solutions, "backward", "softmax_backward", line)
+    at = line_of(solutions, "backward", line.split("\n")[-1].strip())
+    done = tinyamp("exercises", "check", str(solutions), "--only", "2.1")
+    assert re.search(rf"failed .*{reason.format(line=at)} \(at myamp/backward\.py:{at}\)$", row(done.stdout, "2.1"))
+
+
 # ---- bad input: one sentence, exit status 2 ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv, message",
