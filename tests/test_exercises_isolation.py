@@ -209,6 +209,7 @@ def test_code_with_no_file_of_its_own_is_placed_at_the_students_line(solutions: 
         (["check", "{tmp}"], r"{tmp} is not a workspace \(it has no myamp/ folder\); write one with tinyamp"),
         (["list", "{tmp}"], r"{tmp} is not a workspace"),
         (["check", "{ws}", "--only", "9.9"], r"no exercise '9.9'; the exercises are 1.1, 1.2"),
+        (["init", ""], r"exercises init needs the name of a new folder, e.g. tinyamp exercises init ws$"),
         (["check", "{ws}", "--timeout", "abc"], r"--timeout takes a number > 0, such as 60; got 'abc'"),
         (["check", "{ws}", "--timeout", "0"], r"--timeout takes a number > 0, such as 60; got '0'"),
         (["check", "{ws}", "--timeout", "-5"], r"--timeout takes a number > 0, such as 60; got '-5'"),
@@ -231,6 +232,23 @@ def test_bad_input_is_one_sentence_and_exit_status_2(tmp_path: Path, argv: list[
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
     assert re.search("tinyamp: error: " + message.format(tmp=re.escape(str(tmp_path))), done.stderr), done.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_an_init_that_cannot_finish_takes_back_what_it_wrote_and_names_what_is_in_the_way(tmp_path: Path) -> None:
+    """A file named `tests` where the workspace needs a folder: before, init wrote myamp/ and two files, then
+    failed with '[Errno 17] File exists', and the next init refused to write over the half workspace it had left."""
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    (folder / "tests").write_text("my notes")
+    done = tinyamp("exercises", "init", str(folder), timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"tinyamp: error: cannot write the workspace into {folder} ({folder / 'tests'} is a file "
+                           "where the workspace needs a folder; move it aside or give a new folder); nothing was left "
+                           "there\n")  # fmt: skip
+    assert [p.name for p in folder.iterdir()] == ["tests"] and (folder / "tests").read_text() == "my notes"
+    (folder / "tests").rename(tmp_path / "notes")
+    done = tinyamp("exercises", "init", str(folder), timeout=60)
+    assert done.returncode == 0 and (folder / PACKAGE / "formats.py").is_file(), done.stderr
 
 
 # ---- results a course platform reads -----------------------------------------------------------------------

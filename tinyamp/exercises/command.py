@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if args.exercises_command == "list":
             return list_exercises(None if args.directory is None else Path(args.directory))
         if args.exercises_command == "init":
+            if not args.directory.strip():  # Path("") is the current folder: never what an empty name meant
+                raise UsageError("exercises init needs the name of a new folder, e.g. tinyamp exercises init ws")
             return init(Path(args.directory), args.solutions)
         return check(args)
     except UsageError as exc:
