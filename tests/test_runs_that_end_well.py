@@ -336,6 +336,15 @@ def test_values_that_would_run_forever_or_hang_are_refused_in_one_sentence(args:
     assert says in one_line(done.stderr, "tinyamp: error: ") and done.stdout == ""
 
 
+@pytest.mark.parametrize("steps", [-1, 10**12])
+def test_a_demo_transformer_that_would_run_forever_is_refused_in_one_sentence(steps: int) -> None:
+    done = tinyamp("demo", "--quiet", "--steps", "1", "--transformer-steps", str(steps), timeout=60)
+    assert done.returncode == 2, done.stderr
+    said = one_line(done.stderr, "tinyamp: error: ")
+    assert said.endswith(f"--transformer-steps must be 0 (skip the transformer) or a whole number up to 100,000; "
+                         f"got {steps}")  # fmt: skip
+
+
 def test_a_fifo_given_to_resume_is_refused_without_being_opened(tmp_path: Path) -> None:
     fifo = tmp_path / "checkpoint.npz"
     os.mkfifo(fifo)

@@ -191,8 +191,9 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     from tinyamp.experiments.runner import demo_regimes, run_all
     from tinyamp.experiments.tasks import CharTransformer, DigitsMLP
 
-    if args.transformer_steps < 0:
-        raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or more; got {args.transformer_steps}")
+    if not 0 <= args.transformer_steps <= run_settings.MAX_STEPS:  # --steps' bound: a run that ends
+        raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or a whole number up to "
+                         f"{run_settings.MAX_STEPS:,}; got {args.transformer_steps}")  # fmt: skip
     _check_settings(args, "steps", "seed")  # the rules `train` and its checkpoints use
     _check_device(args.device)
     out = _output_folder(args.out)
