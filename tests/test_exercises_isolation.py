@@ -4,12 +4,15 @@ exercise is still graded.  Each case is a real workspace graded by the real comm
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +128,40 @@ def test_exit_status_0_only_when_every_exercise_asked_for_passes(solutions: Path
     assert done.returncode == 1 and "1 not started" in done.stdout
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_grading_command_ends_its_children_and_their_copies(
+    solutions: Path, tmp_path: Path, signum: int
+) -> None:
+    """Ctrl-C during `exercises check` while a student's endless loop runs: one line, 128 + the signal, and no
+    child left spinning (it has a process group of its own, so the terminal's Ctrl-C never reaches it)."""
+    pid_file, temporary = tmp_path / "child.pid", tmp_path / "tmp"
+    temporary.mkdir()
+    loop = f"import os; open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    while True: pass"
+    with_first_line(solutions, "backward", "softmax_backward", loop)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), TMPDIR=str(temporary))
+    argv = [sys.executable, "-m", "tinyamp", "exercises", "check", str(solutions), "--only", "2.1"]
+    command = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())  # the student's loop is running
+        command.send_signal(signum)
+        _, stderr = command.communicate(timeout=60)
+        assert command.returncode == 128 + signum, stderr
+        assert stderr.strip() == f"tinyamp: stopped by {signal.Signals(signum).name}; nothing was written"
+        with pytest.raises(ProcessLookupError):  # killed and reaped by the command before it ended
+            os.kill(child, 0)
+        assert list(temporary.iterdir()) == []  # its copy of the workspace removed
+    finally:
+        command.kill()
+        if child:  # a failing run must not leave the loop spinning either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
 # ---- the student's line, never the grader's ---------------------------------------------------------------
 def test_a_failure_names_the_students_file_and_line(solutions: Path) -> None:
     backward = solutions / PACKAGE / "backward.py"
@@ -143,6 +180,27 @@ def test_a_failure_names_the_students_file_and_line(solutions: Path) -> None:
     assert "tinyamp/" not in done.stdout.replace(str(ROOT), "")  # no grader source in any reason
 
 
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("if True", r"myamp/backward\.py does not import: SyntaxError: expected ':' \(backward\.py, line {line}\)"),
+        (
+            "from dataclasses import dataclass\n    @dataclass(frozen=True)\n    class P:\n        a: int = 0\n    "
+            "P().a = 2",
+            r"raised FrozenInstanceError: cannot assign to field 'a'",
+        ),
+    ],
+    ids=["a syntax error", "code a dataclass generated"],
+)
+def test_code_with_no_file_of_its_own_is_placed_at_the_students_line(solutions: Path, line: str, reason: str) -> None:
+    """Python names a frame with no file "<string>" or "<frozen importlib._bootstrap>"; grading runs in the
+    workspace, where such a name resolved to a path looked like the student's file: the line must be theirs."""
+    with_first_line(solutions, "backward", "softmax_backward", line)
+    at = line_of(solutions, "backward", line.split("\n")[-1].strip())
+    done = tinyamp("exercises", "check", str(solutions), "--only", "2.1")
+    assert re.search(rf"failed .*{reason.format(line=at)} \(at myamp/backward\.py:{at}\)$", row(done.stdout, "2.1"))
+
+
 # ---- bad input: one sentence, exit status 2 ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv, message",
@@ -151,6 +209,7 @@ def test_a_failure_names_the_students_file_and_line(solutions: Path) -> None:
         (["check", "{tmp}"], r"{tmp} is not a workspace \(it has no myamp/ folder\); write one with tinyamp"),
         (["list", "{tmp}"], r"{tmp} is not a workspace"),
         (["check", "{ws}", "--only", "9.9"], r"no exercise '9.9'; the exercises are 1.1, 1.2"),
+        (["init", ""], r"exercises init needs the name of a new folder, e.g. tinyamp exercises init ws$"),
         (["check", "{ws}", "--timeout", "abc"], r"--timeout takes a number > 0, such as 60; got 'abc'"),
         (["check", "{ws}", "--timeout", "0"], r"--timeout takes a number > 0, such as 60; got '0'"),
         (["check", "{ws}", "--timeout", "-5"], r"--timeout takes a number > 0, such as 60; got '-5'"),
@@ -173,6 +232,23 @@ def test_bad_input_is_one_sentence_and_exit_status_2(tmp_path: Path, argv: list[
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
     assert re.search("tinyamp: error: " + message.format(tmp=re.escape(str(tmp_path))), done.stderr), done.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_an_init_that_cannot_finish_takes_back_what_it_wrote_and_names_what_is_in_the_way(tmp_path: Path) -> None:
+    """A file named `tests` where the workspace needs a folder: before, init wrote myamp/ and two files, then
+    failed with '[Errno 17] File exists', and the next init refused to write over the half workspace it had left."""
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    (folder / "tests").write_text("my notes")
+    done = tinyamp("exercises", "init", str(folder), timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"tinyamp: error: cannot write the workspace into {folder} ({folder / 'tests'} is a file "
+                           "where the workspace needs a folder; move it aside or give a new folder); nothing was left "
+                           "there\n")  # fmt: skip
+    assert [p.name for p in folder.iterdir()] == ["tests"] and (folder / "tests").read_text() == "my notes"
+    (folder / "tests").rename(tmp_path / "notes")
+    done = tinyamp("exercises", "init", str(folder), timeout=60)
+    assert done.returncode == 0 and (folder / PACKAGE / "formats.py").is_file(), done.stderr
 
 
 # ---- results a course platform reads -----------------------------------------------------------------------

@@ -336,6 +336,15 @@ def test_values_that_would_run_forever_or_hang_are_refused_in_one_sentence(args:
     assert says in one_line(done.stderr, "tinyamp: error: ") and done.stdout == ""
 
 
+@pytest.mark.parametrize("steps", [-1, 10**12])
+def test_a_demo_transformer_that_would_run_forever_is_refused_in_one_sentence(steps: int) -> None:
+    done = tinyamp("demo", "--quiet", "--steps", "1", "--transformer-steps", str(steps), timeout=60)
+    assert done.returncode == 2, done.stderr
+    said = one_line(done.stderr, "tinyamp: error: ")
+    assert said.endswith(f"--transformer-steps must be 0 (skip the transformer) or a whole number up to 100,000; "
+                         f"got {steps}")  # fmt: skip
+
+
 def test_a_fifo_given_to_resume_is_refused_without_being_opened(tmp_path: Path) -> None:
     fifo = tmp_path / "checkpoint.npz"
     os.mkfifo(fifo)
@@ -495,6 +504,49 @@ def test_a_stdout_that_cannot_be_written_loses_no_file_and_says_so_on_stderr(tmp
     manifest = json.loads((out / "tinyamp-run.json").read_text())
     assert manifest["finished"] and "results.json" in manifest["files"]
     assert read_checkpoint(out / "checkpoint.npz")["extra"]["train"]["step"] == 20
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed", "a pipe nobody reads"])
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [(["info"], 0), (["exercises", "list"], 0), (["exercises", "check", "{stubs}", "--only", "1.1"], 1),
+     (["exercises", "check", "{solutions}", "--only", "1.2"], 0)],
+    ids=["info", "exercises list", "check failed", "check passed"],
+)  # fmt: skip
+def test_every_command_whose_stdout_cannot_be_written_says_so_and_never_looks_passed(
+    tmp_path: Path, stdout: str, argv: list[str], status: int
+) -> None:
+    """Closed, full, or a pipe whose reader left before the first line: one sentence and 74 in place of 0, never
+    a traceback and never `exercises check`'s 0, its "every exercise passes"; the pipe alone is no error for a
+    listing that was read in part (`tinyamp info | head`)."""
+    from tinyamp.exercises.workspace import write_workspace
+
+    if stdout == "/dev/full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    write_workspace(tmp_path / "stubs")
+    write_workspace(tmp_path / "solutions", solutions=True)
+    cmd = [sys.executable, "-m", "tinyamp", *(a.format(stubs=tmp_path / "stubs", solutions=tmp_path / "solutions")
+                                              for a in argv)]  # fmt: skip
+    run = dict(cwd=ROOT, env=environment(), stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+    if stdout == "closed":
+        done = subprocess.run(cmd, **run, preexec_fn=lambda: os.close(1))  # type: ignore[call-overload]
+    elif stdout == "/dev/full":
+        with open(stdout, "w") as full:
+            done = subprocess.run(cmd, **run, stdout=full)  # type: ignore[call-overload]
+    else:
+        read, write = os.pipe()
+        os.close(read)  # gone before the first line is written: every write fails with EPIPE
+        try:
+            done = subprocess.run(cmd, **run, stdout=write)  # type: ignore[call-overload]
+        finally:
+            os.close(write)
+    if stdout == "a pipe nobody reads" and "check" not in argv:
+        assert (done.returncode, done.stderr) == (0, "")
+        return
+    assert done.returncode == (status or 74), done.stderr
+    why = {"closed": "it is closed", "/dev/full": "No space left on device"}.get(stdout, "Broken pipe")
+    said = one_line(done.stderr, "tinyamp: ")
+    assert said == f"tinyamp: could not write to standard output ({why}): the printed results are lost"
 
 
 @pytest.mark.parametrize("which", [0, 1])

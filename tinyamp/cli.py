@@ -12,7 +12,8 @@
 Exit status: 0 done; 2 bad input, with a message that says what to type instead; 3 the
 run diverged (the message says when and why; `train --out` keeps its results, marked
 diverged, and the checkpoint of its last good step); 74 standard output could not be
-written (closed or full: the run's files were written, and stderr says where); 130/143
+written (closed or full: the run's files were written, and stderr says where; `info` and
+`exercises` say so too, and `exercises check` keeps 1 when an exercise failed); 130/143
 stopped by Ctrl-C/SIGTERM, after `train --out` saved a checkpoint at the end of the
 current step.  An output folder is replaced as a unit (experiments/output_folder.py): a
 failed run leaves it as it was, and a second run on it is refused while the first runs.
@@ -190,8 +191,9 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     from tinyamp.experiments.runner import demo_regimes, run_all
     from tinyamp.experiments.tasks import CharTransformer, DigitsMLP
 
-    if args.transformer_steps < 0:
-        raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or more; got {args.transformer_steps}")
+    if not 0 <= args.transformer_steps <= run_settings.MAX_STEPS:  # --steps' bound: a run that ends
+        raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or a whole number up to "
+                         f"{run_settings.MAX_STEPS:,}; got {args.transformer_steps}")  # fmt: skip
     _check_settings(args, "steps", "seed")  # the rules `train` and its checkpoints use
     _check_device(args.device)
     out = _output_folder(args.out)
@@ -607,19 +609,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _GuardedStdout:
-    """sys.stdout while `train` or `demo` runs: a write that fails (stdout closed, full, a reader gone) is
-    recorded, not raised, so that the run goes on to write its files; main() reports it at the end."""
+    """sys.stdout while a command runs: a write that fails (stdout closed, full, a reader gone) is recorded,
+    not raised, so that a run goes on to write its files and a grading to its verdict; main() reports it at
+    the end."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.error: str | None = None if stream is not None else "it is closed"
+        self.reader_gone = False  # the failure was a pipe whose reader stopped reading (`tinyamp info | head`)
+
+    def _failed(self, exc: Exception) -> None:
+        self.error = getattr(exc, "strerror", None) or str(exc)  # ValueError: a closed file object
+        self.reader_gone = isinstance(exc, BrokenPipeError)
 
     def write(self, text: str) -> int:
         if self.error is None:
             try:
                 return self.stream.write(text)
-            except (OSError, ValueError) as exc:  # ValueError: a closed file object
-                self.error = getattr(exc, "strerror", None) or str(exc)
+            except (OSError, ValueError) as exc:
+                self._failed(exc)
         return len(text)
 
     def flush(self) -> None:
@@ -627,7 +635,7 @@ class _GuardedStdout:
             try:
                 self.stream.flush()
             except (OSError, ValueError) as exc:
-                self.error = getattr(exc, "strerror", None) or str(exc)
+                self._failed(exc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
@@ -636,8 +644,6 @@ class _GuardedStdout:
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (experiments/exit_status.py)."""
     args = build_parser().parse_args(argv)
-    if args.command not in ("train", "demo"):
-        return _run(args)
     if sys.stdout is None:  # started with stdout closed: keep fd 1 from being reused by a file the run opens
         with contextlib.suppress(OSError):
             if os.open(os.devnull, os.O_WRONLY) != 1:
@@ -654,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     if previous is not None:
         with contextlib.suppress(OSError, ValueError):  # the exit's own flush of what is left must stay quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), previous.fileno())
+    if guard.reader_gone and (args.command == "info" or getattr(args, "exercises_command", "") in ("list", "init")):
+        return status  # a listing read in part (`tinyamp info | head`) has done its job; a run's or a grading's has not
     where = f"; the run's files are in {', '.join(map(str, _WRITTEN))}" if _WRITTEN else ""
     print(f"tinyamp: could not write to standard output ({guard.error}): the printed results are lost{where}",
           file=sys.stderr)  # fmt: skip
@@ -690,10 +698,9 @@ def _run(args: argparse.Namespace) -> int:
     """The command `args` names; its exit status."""
     _WRITTEN.clear()
     try:
-        if args.command == "info":
-            return info()
-        if args.command == "exercises":
-            return exercises_command.run(args)
+        if args.command in ("info", "exercises"):  # a signal stops them at once, through their `finally`s: a
+            with handle_signals():  # grading's children are killed and its copies removed (exercises/isolation.py)
+                return info() if args.command == "info" else exercises_command.run(args)
         keep_freed_memory()  # no page faults from glibc trimming its heap between steps (engine/fast/allocator.py)
         if args.command == "train" and (args.zero or args.reduce_dtype) and not args.distributed:
             raise UsageError("--zero and --reduce-dtype shard or reduce across processes; they need --distributed")
@@ -709,9 +716,6 @@ def _run(args: argparse.Namespace) -> int:
             return run_distributed(args)  # on one BLAS thread, as below (blas_threads.py)
         with handle_signals() as stop, one_blas_thread():
             return demo(args, stop) if args.command == "demo" else train(args, stop)
-    except BrokenPipeError:  # `tinyamp info | head`: the reader stopped reading; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
-        return 0
     except UsageError as exc:
         print(f"tinyamp: error: {exc}", file=sys.stderr)
         return exit_status.BAD_INPUT

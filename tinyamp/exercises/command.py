@@ -11,8 +11,11 @@
 
 Exit status: 0 when every exercise asked for passes; 1 when one is failed or not started;
 2 for bad input (a folder that is not a workspace, an unknown exercise, a limit that is not a
-number > 0).  Building the parser imports neither hypothesis nor the graders: they load when
-``check`` runs.  Nothing here writes into the workspace graded: each exercise runs on a copy.
+number > 0); 74 in place of 0 when standard output is closed or full, so that a verdict nobody
+could read never looks like a pass (``tinyamp.cli.main``; a pipe whose reader stopped early, as
+in ``exercises list | head``, is no error for ``list`` and ``init``).  Building the parser imports
+neither hypothesis nor the graders: they load when ``check`` runs.  Nothing here writes into the
+workspace graded: each exercise runs on a copy.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any
 from tinyamp.exercises.catalog import DEEP, EXERCISES, PACKAGE, Exercise, find
 from tinyamp.exercises.isolation import DEFAULT_JOBS, DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT
 
-EXIT_STATUS = "exit status: 0 every exercise asked for passes; 1 one is failed or not started; 2 bad input"
+EXIT_STATUS = ("exit status: 0 every exercise asked for passes; 1 one is failed or not started; 2 bad input; "
+               "74 in place of 0: standard output closed or full")  # fmt: skip
 FIRST_STEPS = "start:  tinyamp exercises init ws  then  tinyamp exercises check ws"
 
 
@@ -79,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if args.exercises_command == "list":
             return list_exercises(None if args.directory is None else Path(args.directory))
         if args.exercises_command == "init":
+            if not args.directory.strip():  # Path("") is the current folder: never what an empty name meant
+                raise UsageError("exercises init needs the name of a new folder, e.g. tinyamp exercises init ws")
             return init(Path(args.directory), args.solutions)
         return check(args)
     except UsageError as exc:

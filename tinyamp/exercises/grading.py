@@ -99,10 +99,14 @@ def aborted(exc: BaseException, workspace: Path) -> str:
 def raised_at(exc: BaseException, workspace: Path) -> str:
     """Where student code raised `exc` (or the exception that caused it): "myamp/backward.py:12", "" if not theirs.
 
-    The innermost exception of the chain that passed through the workspace's files, its deepest frame there.
+    The innermost exception of the chain that passed through the workspace's files, its deepest frame there;
+    for a SyntaxError, the line that does not parse (no frame of the student's file ran).
     """
     for e in reversed(_chain(exc)):
-        where = student_line(traceback.extract_tb(e.__traceback__), workspace)
+        frames = traceback.extract_tb(e.__traceback__)
+        if isinstance(e, SyntaxError) and e.filename:
+            frames = [traceback.FrameSummary(e.filename, e.lineno or 0, "<module>")]
+        where = student_line(frames, workspace)
         if where:
             return where
     return ""
@@ -113,9 +117,11 @@ def student_line(frames: Iterable[traceback.FrameSummary], workspace: Path) -> s
     root = Path(workspace).resolve()
     found = ""
     for frame in frames:
+        if frame.filename.startswith("<"):  # "<string>", "<frozen importlib._bootstrap>": no file, although
+            continue  # resolved against the current folder (the workspace, while grading) it would name one there
         try:
             relative = Path(frame.filename).resolve().relative_to(root)
-        except (OSError, ValueError):  # a file elsewhere (the grader, numpy), or "<string>"
+        except (OSError, ValueError):  # a file elsewhere (the grader, numpy)
             continue
         found = f"{relative.as_posix()}:{frame.lineno}"
     return found

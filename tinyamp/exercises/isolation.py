@@ -32,6 +32,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -83,9 +84,25 @@ def grade_isolated(
                         running.remove(child)
             yield done[exercise.id]
     finally:
-        for child in running:  # Ctrl-C, or the caller stopped early: no child outlives the grading
-            child.kill()
-            child.finish()
+        with _signals_held():  # Ctrl-C, or the caller stopped early: no child outlives the grading, no copy is left
+            for child in running:
+                child.kill()
+                child.finish()
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (a second Ctrl-C must not stop the killing of children
+    half way, leaving one running); where the OS cannot hold signals, the block runs as it is."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class CopyError(Exception):
@@ -112,6 +129,9 @@ class Child:
         except (OSError, shutil.Error) as exc:  # an unreadable file: the workspace cannot be graded as it is
             shutil.rmtree(self.folder, ignore_errors=True)
             raise CopyError(f"cannot copy the workspace {workspace} to grade it: {_first_error(exc)}") from None
+        except BaseException:  # Ctrl-C in the middle of the copy: the half copy goes too
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.receive, send = context.Pipe(duplex=False)
         self.process = context.Process(
             target=_child,
@@ -119,8 +139,8 @@ class Child:
             name=f"grade-{exercise.id}",
         )
         self.start = time.monotonic()
-        with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads: numpy's idle BLAS pool
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with warnings.catch_warnings(), _signals_held():  # Python 3.12+ warns of forking with threads (numpy's
+            warnings.simplefilter("ignore", DeprecationWarning)  # idle BLAS pool); held: no child started unseen
             self.process.start()
         send.close()  # the child holds the only writing end: its death reads as the end of the pipe
         self.deadline = self.start + limits.seconds
@@ -191,6 +211,10 @@ def _child(exercise_id: str, copy: str, shown: str, deep: bool, memory_bytes: in
     root = Path(copy)
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # its own process group: a timeout kills whatever the student's code started too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, not the grading command's handlers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):  # started while the parent held them (_signals_held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _quiet(root / ".output")  # what student code prints goes to a file in the copy, not into the table
     _limit_memory(memory_bytes)
     os.chdir(root)

@@ -57,13 +57,37 @@ def write_workspace(directory: Path, solutions: bool = False) -> list[Path]:
             f"{directory / taken[0]} already exists: init never writes over a workspace (your work would be "
             "lost); give a new folder"
         )
-    written = []
-    for relative, text in files.items():
-        path = directory / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        written.append(path)
-    return written
+    made: list[Path] = []  # what this call created, files and folders, in order: taken back if it cannot finish
+    try:
+        for relative, text in files.items():
+            path = directory / relative
+            for folder in [*reversed(path.parent.parents), path.parent]:
+                if not folder.is_dir():
+                    folder.mkdir()  # FileExistsError where a file holds the name
+                    made.append(folder)
+            path.write_text(text)
+            made.append(path)
+    except BaseException as exc:  # a file in the way, a full disk, Ctrl-C: no half workspace, which a second
+        left = _take_back(made)  # init would refuse to write over
+        if not isinstance(exc, OSError):
+            raise
+        why = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        if isinstance(exc, FileExistsError):
+            why = f"{exc.filename} is a file where the workspace needs a folder; move it aside or give a new folder"
+        undone = f"{', '.join(map(str, left))} could not be removed again" if left else "nothing was left there"
+        raise WorkspaceError(f"cannot write the workspace into {directory} ({why}); {undone}") from None
+    return [path for path in made if path.is_file()]
+
+
+def _take_back(made: list[Path]) -> list[Path]:
+    """Remove what write_workspace made, last first; return what could not be removed."""
+    left = []
+    for path in reversed(made):
+        try:
+            path.rmdir() if path.is_dir() else path.unlink()
+        except OSError:
+            left.append(path)
+    return left
 
 
 def pytest_ini() -> str:
