@@ -585,3 +585,15 @@ def test_the_nccl_communicator_runs_a_sharded_run_on_the_strict_stand_in(tmp_pat
     assert g["skipped"] == c["skipped"] == [False, True, False, False]
     for key in fc:
         assert same_bits(fg[key], fc[key]), key
+
+
+def test_the_agreement_line_of_one_rank_does_not_speak_of_ranks_that_are_not_there() -> None:
+    from tinyamp.distributed.train import SHARED_STATE, agreement_in_words
+
+    fingerprint = dict.fromkeys(SHARED_STATE[False], "ab12cd34")
+    row = {"rank": 0, "sharded": False, "fingerprint": fingerprint}
+    assert agreement_in_words([row])[1] == "  one rank: there is no other rank to agree with"
+    two = agreement_in_words([row, {**row, "rank": 1}])[1]
+    assert two == "  the same on every rank (2 of them): they hold one model, bit for bit"
+    other = {**row, "rank": 1, "fingerprint": {**fingerprint, "scaler": "00000000"}}
+    assert "DISAGREE with rank 0 (rank 1: scaler state)" in agreement_in_words([row, other])[1]

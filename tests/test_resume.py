@@ -356,3 +356,17 @@ def test_one_process_and_n_ranks_refuse_a_resume_in_the_same_sentence(
         with pytest.raises(DistributedUsageError) as refused:
             _resume_settings({"resume": path, **dict.fromkeys(KEPT), **given})
         assert str(refused.value) == single and single.startswith(("--resume", "--lr"))
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_a_resume_through_a_symbolic_link_to_nothing_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    link = tmp_path / "checkpoint.npz"
+    if kind == "loop":
+        (tmp_path / "other.npz").symlink_to(link)
+        link.symlink_to(tmp_path / "other.npz")
+    else:
+        link.symlink_to(tmp_path / "gone.npz")
+    assert main(["train", "--quiet", "--resume", str(link)]) == 2
+    assert f"--resume: no checkpoint at {link}: it is a symbolic link that leads to no file" in capsys.readouterr().err

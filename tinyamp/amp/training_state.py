@@ -318,7 +318,10 @@ def _read(path: str, budget: ArrayBudget, only_extra: bool = False) -> Any:
     """The decoded contents of the checkpoint at `path`, its arrays within `budget` (with
     `only_extra`, its decoded ``extra`` alone, only those arrays read and counted)."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
+        why = "the file does not exist"
+        if os.path.islink(path):  # exists() follows the link: a missing target, or links that loop
+            why = "it is a symbolic link that leads to no file (its target is missing, or the links loop)"
+        raise FileNotFoundError(f"no checkpoint at {path}: {why}")
     kind = os.stat(path).st_mode
     if not stat.S_ISREG(kind):  # a FIFO or a terminal would block the read below; a device may never end
         what = "a folder" if stat.S_ISDIR(kind) else "a named pipe (FIFO)" if stat.S_ISFIFO(kind) else "a device"

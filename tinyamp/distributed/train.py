@@ -215,7 +215,8 @@ def agreement_in_words(rows: list[dict[str, Any]]) -> list[str]:
     differ = {r["rank"]: [IN_WORDS[k] for k in covered if r["fingerprint"][k] != first[k]] for r in rows[1:]}
     told = "; ".join(f"rank {rank}: {', '.join(parts)}" for rank, parts in differ.items() if parts)
     verdict = (f"the ranks DISAGREE with rank 0 ({told}): they no longer train one model" if told else
-               f"the same on every rank ({len(rows)} of them): they hold one model, bit for bit")  # fmt: skip
+               f"the same on every rank ({len(rows)} of them): they hold one model, bit for bit" if len(rows) > 1
+               else "one rank: there is no other rank to agree with")  # fmt: skip
     return [f"  fingerprint: SHA-256 of the {what}{sharded};", f"  {verdict}"]
 
 
@@ -487,7 +488,8 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
                  total_steps=s["steps"])  # fmt: skip
     if comm.rank == 0 and not getattr(args, "quiet", False):
         mode = "ZeRO-1 (masters and moments sharded)" if s["zero"] else "replicated masters"
-        print(f"{task.name} in {s['precision']} on {comm.size} ranks x batch {task.batch_size // comm.size} "
+        ranks = f"{comm.size} rank{'' if comm.size == 1 else 's'}"
+        print(f"{task.name} in {s['precision']} on {ranks} x batch {task.batch_size // comm.size} "
               f"({mode}, gradients summed in {s['reduce_dtype']}, agreement {'on' if s['agree'] else 'OFF'}): "
               f"{s['steps']} steps, lr {task.lr} ({task.schedule}), seed {s['seed']}"
               f"{f', resumed at step {start}' if start else ''}")  # fmt: skip

@@ -9,6 +9,7 @@ the option it is about; each command turns it into its own usage error.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tinyamp.experiments import history, run_settings
@@ -31,7 +32,7 @@ def read_resume(path: str, given: dict[str, Any]) -> tuple[dict[str, Any], dict[
     try:
         extra = read_extra(path)  # the settings alone: the model they describe bounds the rest
     except FileNotFoundError as exc:
-        raise ResumeError(f"--resume {path}: no such file") from exc
+        raise ResumeError(f"--resume: {exc}" if os.path.islink(path) else f"--resume {path}: no such file") from exc
     except (CheckpointError, OSError) as exc:
         raise ResumeError(f"--resume: {exc}") from exc
     try:
