@@ -439,3 +439,19 @@ def test_an_op_given_a_numpy_array_or_a_list_says_to_wrap_it(op, name: str) -> N
     if name not in ("matmul", "equal"):
         with pytest.raises(TypeError, match=esc(name, "takes a tinyamp Tensor", "got list")):
             op(x.tolist())
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda x: x.sum(axis=0.0), esc("axis is an int", "got 0.0")),
+        (lambda x: x.mean(axis="rows"), esc("axis is an int", "'rows'")),
+        (lambda x: x.max(axis=True), esc("axis is an int", "True")),
+        (lambda x: x.reshape(2.0), esc("reshape takes whole numbers", "(2.0,)")),
+        (lambda x: x.reshape(3, None), esc("reshape takes whole numbers", "(3, None)")),
+    ],
+)  # fmt: skip
+def test_an_axis_or_a_shape_that_is_not_whole_numbers_is_named(make, match: str) -> None:  # noqa: ANN001
+    with pytest.raises(TypeError, match=match):  # before: "'float' object is not iterable" and kin
+        make(ta.ones((2, 3)))
+    assert ta.ones((2, 3)).sum(axis=np.int64(1)).shape == (2,) and ta.ones(6).reshape(np.int64(2), 3).shape == (2, 3)

@@ -25,7 +25,9 @@ def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
     """Axes as a sorted tuple of non-negative ints, with a clear error when out of range."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis) if isinstance(axis, (tuple, list)) else None
+    if axes is None or any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in axes):
+        raise TypeError(f"axis is an int, a tuple of ints or None, like axis=0 or axis=(0, 1); got {axis!r}")
     out = []
     for a in axes:
         if not -ndim <= a < ndim:

@@ -88,6 +88,9 @@ class Concatenate(Function):
 
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     """`x` with a new shape (one entry may be -1) holding the same number of elements."""
+    whole = isinstance(shape, (tuple, list)) and all(isinstance(n, (int, np.integer)) for n in shape)
+    if not whole or any(isinstance(n, bool) for n in shape):
+        raise TypeError(f"reshape takes whole numbers, like x.reshape(2, 3) or x.reshape((2, -1)); got {shape!r}")
     shape = tuple(int(n) for n in shape)
     if shape == x.shape:
         return x
