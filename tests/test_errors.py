@@ -369,3 +369,89 @@ def test_shapes_and_seeds_that_mean_something_are_taken() -> None:
     first = ta.randn(3).numpy()
     ta.manual_seed(0)
     assert np.array_equal(ta.randn(3).numpy(), first)
+
+
+# ---- tensors made from nothing, with a dtype or a value that cannot hold what they make -----------
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: ta.randn(3, dtype="int64"), TypeError, esc("randn", "int64", "dtype='float32'")),
+        (lambda: ta.rand(3, dtype="bool"), TypeError, esc("rand", "bool", "dtype='float32'")),
+        (lambda: ta.full(2, None), TypeError, esc("full", "one number", "None")),
+        (lambda: ta.full(2, "1"), TypeError, esc("full", "one number", "'1'")),
+        (lambda: ta.arange(3, dtype="complex64"), TypeError, esc("complex64")),
+        (lambda: ta.arange(2040, 2060, dtype="float16"), ValueError, esc("2049", "float16", "2048.0", "int64")),
+        (lambda: ta.arange(250, 260, dtype="uint8"), ValueError, esc("259", "uint8", "it would become 3")),
+        (lambda: ta.arange(-1, 2, dtype="uint8"), ValueError, esc("-1", "uint8", "255")),
+        (lambda: ta.arange(70000, 70001, dtype="float16"), ValueError, esc("70000", "float16", "inf")),
+        (lambda: ta.arange(3, dtype="bool"), ValueError, esc("2", "bool", "True")),
+    ],
+)  # fmt: skip
+def test_samples_and_ranges_a_dtype_cannot_hold_are_refused_not_rounded(make, error: type, match: str) -> None:  # noqa: ANN001
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused before NumPy warns about an overflowing cast
+        with pytest.raises(error, match=match):
+            make()
+
+
+def test_ranges_and_fills_a_dtype_holds_are_taken() -> None:
+    assert ta.arange(2049, dtype="float16").numpy()[-1] == 2048 and ta.arange(256, dtype="uint8").numpy()[-1] == 255
+    assert ta.arange(2, dtype="bool").tolist() == [False, True] and ta.arange(3, dtype="float32").tolist() == [0, 1, 2]
+    assert ta.full(2, np.float32(1.5)).tolist() == [1.5, 1.5] and ta.randn(2, dtype="float16").dtype == ta.float16
+
+
+# ---- a tensor in Python's if, for and len -----------------------------------------------------------
+def test_the_truth_of_a_tensor_is_its_one_value_and_ambiguous_for_more() -> None:
+    assert not ta.tensor(0.0) and not ta.tensor([False]) and ta.tensor([[2]])
+    with pytest.raises(ValueError, match=esc("(2,)", "ambiguous", ".numpy().all()")):
+        bool(ta.tensor([1.0, -1.0]) > 0)
+    with pytest.raises(ValueError, match=esc("(0,)", "ambiguous")):
+        bool(ta.zeros(0))
+
+
+def test_a_0d_tensor_has_no_length_and_cannot_be_iterated() -> None:
+    with pytest.raises(TypeError, match=esc("0-d", ".item()")):
+        list(ta.tensor(1.0))  # before: [], the old __getitem__ protocol stopping at its first IndexError
+    with pytest.raises(TypeError, match=esc("0-d", ".item()")):
+        len(ta.tensor(1.0))
+    rows = list(ta.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    assert [r.tolist() for r in rows] == [[1.0, 2.0], [3.0, 4.0]]
+
+
+# ---- a NumPy array or a list where an op needs a Tensor ----------------------------------------------
+@pytest.mark.parametrize(
+    ("op", "name"),
+    [
+        (ta.relu, "relu"), (ta.exp, "exp"), (ta.log, "log"), (ta.sqrt, "sqrt"), (ta.tanh, "tanh"),
+        (ta.sigmoid, "sigmoid"), (ta.gelu, "gelu"), (ta.ops.neg, "neg"), (ta.softmax, "softmax"),
+        (ta.log_softmax, "log_softmax"), (ta.ops.sum, "sum"), (ta.ops.mean, "mean"), (ta.ops.max, "max"),
+        (lambda x: ta.dropout(x, 0.5), "dropout"), (lambda x: ta.layer_norm(x), "layer_norm"),
+        (lambda x: ta.cross_entropy(x, [0, 1]), "cross_entropy"), (lambda x: ta.matmul(x, x.T), "matmul"),
+        (lambda x: ta.equal(x, x), "equal"), (lambda x: ta.concatenate([x, x]), "concatenate"),
+        (lambda x: ta.nn.Linear(3, 2)(x), "linear"), (lambda x: ta.nn.LayerNorm(3)(x), "layer_norm"),
+    ],
+)  # fmt: skip
+def test_an_op_given_a_numpy_array_or_a_list_says_to_wrap_it(op, name: str) -> None:  # noqa: ANN001
+    x = np.ones((2, 3), dtype=np.float32)  # before: "Cannot interpret '<memory at 0x...>' as a data type" and kin
+    with pytest.raises(TypeError, match=esc(name, "takes a tinyamp Tensor", "numpy array of shape (2, 3)", "float32",
+                                            "ta.tensor(x)")):  # fmt: skip
+        op(x)
+    if name not in ("matmul", "equal"):
+        with pytest.raises(TypeError, match=esc(name, "takes a tinyamp Tensor", "got list")):
+            op(x.tolist())
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda x: x.sum(axis=0.0), esc("axis is an int", "got 0.0")),
+        (lambda x: x.mean(axis="rows"), esc("axis is an int", "'rows'")),
+        (lambda x: x.max(axis=True), esc("axis is an int", "True")),
+        (lambda x: x.reshape(2.0), esc("reshape takes whole numbers", "(2.0,)")),
+        (lambda x: x.reshape(3, None), esc("reshape takes whole numbers", "(3, None)")),
+    ],
+)  # fmt: skip
+def test_an_axis_or_a_shape_that_is_not_whole_numbers_is_named(make, match: str) -> None:  # noqa: ANN001
+    with pytest.raises(TypeError, match=match):  # before: "'float' object is not iterable" and kin
+        make(ta.ones((2, 3)))
+    assert ta.ones((2, 3)).sum(axis=np.int64(1)).shape == (2,) and ta.ones(6).reshape(np.int64(2), 3).shape == (2, 3)

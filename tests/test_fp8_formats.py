@@ -144,3 +144,24 @@ def test_bad_input_gets_one_sentence(call, error: type, words: list[str]) -> Non
     with pytest.raises(error) as raised:
         call()
     assert all(w in str(raised.value) for w in words), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "name", "match"),
+    [
+        (np.float32([1.5, 448.0]), "E4M3", "E4M3 codes are integers from 0 to 255, .* got float32 values, not codes"),
+        (np.array([300]), "E5M2", "E5M2 codes are integers from 0 to 255, .* got integers from 300 to 300"),
+        (np.array([-1, 3]), "E4M3", "got integers from -1 to 3"),
+        (np.uint8([16]), "E2M1", "E2M1 codes are integers from 0 to 15"),
+    ],
+)  # fmt: skip
+def test_decode_refuses_what_is_not_a_code_of_the_format(code: np.ndarray, name: str, match: str) -> None:
+    # before: 1.5 read as code 1 (0.00195), 300 wrapped to 44, -1 to 255 (NaN), 16 masked to 0: values, silently
+    with pytest.raises(ValueError, match=match):
+        decode(code, name)
+
+
+def test_decode_e8m0_refuses_what_is_not_a_byte() -> None:
+    with pytest.raises(ValueError, match="E8M0 codes are integers from 0 to 255, as encode_e8m0 returns them"):
+        decode_e8m0(np.array([300]))  # before: 300 wrapped to 44, the scale 2^-83
+    assert decode_e8m0(np.array([127, 128])).tolist() == [1.0, 2.0] and decode(np.int64(68), "E4M3") == 3.0

@@ -70,6 +70,29 @@ def test_gradcheck_refuses_float32_inputs() -> None:
         ta.gradcheck(lambda t: t * t, [x])
 
 
+class _NanBackward(ta.Function):
+    """$y = x^2$ whose backward returns NaN: every comparison with NaN is False, so `error > tol` never fires."""
+
+    def forward(self, x: Any) -> Any:
+        return x * x
+
+    def backward(self, g: Any) -> tuple[Any]:
+        return (g * np.nan,)
+
+
+def test_gradcheck_rejects_a_backward_that_gives_nan() -> None:
+    x = leaf(np.array([0.5, -1.0]))
+    with pytest.raises(ta.GradientError, match=r"element \(0,\): backward gives nan, finite differences give -?\d"):
+        ta.gradcheck(_NanBackward.apply, [x])
+
+
+def test_gradcheck_refuses_non_finite_inputs_and_a_result_that_is_not_a_tensor() -> None:
+    with pytest.raises(ta.GradientError, match=r"finite inputs; input 0 \(shape \(3,\)\) holds 2 NaN or inf"):
+        ta.gradcheck(lambda t: t * t, [leaf(np.array([1.0, np.nan, np.inf]))])
+    with pytest.raises(ta.GradientError, match="return a Tensor; it returned float"):
+        ta.gradcheck(lambda t: 3.0, [leaf(np.array([1.0]))])
+
+
 # ---- + - * / ** with broadcasting -----------------------------------------------------------------
 BINARY = {
     "add": lambda a, b: a + b,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,17 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
     model, opt, scaler = mixed_run(0)
     with pytest.raises(FileNotFoundError, match="no checkpoint at .*nowhere.npz"):
         load_checkpoint(tmp_path / "nowhere.npz", model, opt, scaler)
+
+
+def test_saving_to_a_folder_or_into_a_missing_folder_names_the_path_and_the_fix(tmp_path: Path) -> None:
+    model, opt, scaler = mixed_run(0)
+    # before: "[Errno 21] Is a directory: '.../.tmp....tmp' -> '...'", naming a hidden temporary file
+    with pytest.raises(IsADirectoryError, match=re.escape(f"{tmp_path}: it is a folder; name a file in it, e.g. ")):
+        save_checkpoint(tmp_path, model, opt, scaler)
+    missing = tmp_path / "runs" / "a"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"the folder {missing} does not exist; create it first")):
+        save_checkpoint(missing / "ckpt.npz", model, opt, scaler)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, no temporary file left
 
 
 def write_npy(path: Path) -> None:

@@ -24,6 +24,17 @@ def _check_shape(shape: Any, made_by: str) -> tuple[int, ...]:
     return tuple(int(n) for n in sizes)
 
 
+def _floating(dtype: Any, made_by: str) -> Any:
+    """`dtype` resolved, refused unless floating: samples cast to ints are truncated, to bool nearly all True."""
+    dt = dtypes.resolve(dtype)
+    if not dtypes.is_floating(dt):
+        raise TypeError(
+            f"{made_by} draws real numbers, which {dt} cannot hold (they would be truncated toward 0, or become True); "
+            f"pass a floating dtype, e.g. dtype='float32'"
+        )
+    return dt
+
+
 def _leaf(data: Any, requires_grad: bool) -> Tensor:
     t = Tensor._make(data, False, None)
     return t.requires_grad_(True) if requires_grad else t
@@ -34,6 +45,10 @@ def full(
 ) -> Tensor:
     """A tensor of `shape` filled with `value`."""
     shape = _check_shape(shape, "full")
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        value = value.item()
+    if not isinstance(value, (int, float)):  # None would fill with NaN, a string fail inside NumPy
+        raise TypeError(f"full fills a tensor with one number; got {value!r} ({type(value).__name__})")
     dt = dtypes.resolve(dtype)
     dtypes.check_supported(dt, backend.check_device(device))
     return _leaf(backend.array_module(device).full(shape, value, dtype=dt), requires_grad)
@@ -52,7 +67,7 @@ def ones(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_gra
 def randn(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples, drawn on the CPU generator (same values on every device)."""
     shape = _check_shape(shape, "randn")
-    dt = dtypes.resolve(dtype)
+    dt = _floating(dtype, "randn")
     dtypes.check_supported(dt, backend.check_device(device))
     data = random.generator("cpu").standard_normal(shape).astype(dt)
     return _leaf(backend.to_device(data, device), requires_grad)
@@ -61,7 +76,7 @@ def randn(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_gr
 def rand(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1), drawn on the CPU generator."""
     shape = _check_shape(shape, "rand")
-    dt = dtypes.resolve(dtype)
+    dt = _floating(dtype, "rand")
     dtypes.check_supported(dt, backend.check_device(device))
     data = random.generator("cpu").random(shape).astype(dt)
     return _leaf(backend.to_device(data, device), requires_grad)
@@ -73,4 +88,22 @@ def arange(*args: int, dtype: Any = "int64", device: str = "cpu") -> Tensor:
         raise TypeError(f"arange takes 1 to 3 ints (stop, or start, stop[, step]), like range(); got {args!r}")
     if len(args) == 3 and args[2] == 0:
         raise ValueError("arange: a step of 0 would never reach stop; pass a step other than 0")
-    return _leaf(backend.array_module(device).arange(*args, dtype=dtypes.resolve(dtype)), False)
+    dt = dtypes.resolve(dtype)
+    dtypes.check_supported(dt, backend.check_device(device))
+    exact = np.arange(*args, dtype=np.int64)
+    # The values are evenly spaced, so an integer dtype (or bool) holds them all when it holds both ends;
+    # a float dtype holds every integer up to 2^(mantissa bits + 1), and is checked value by value above it.
+    ends = exact[[0, -1]] if exact.size else exact
+    floating = dtypes.is_floating(dt)
+    check = exact if floating and ends.size and np.abs(ends).max() > 2.0 ** (dtypes.finfo(dt).nmant + 1) else ends
+    with np.errstate(all="ignore"):  # a value that does not fit is reported below, by name
+        held = check.astype(dt)
+        back = held.astype(np.float64) if floating else held.astype(np.int64)
+    wrong = np.flatnonzero(back != check)  # float16 skips odd numbers above 2048; uint8 wraps 256 to 0
+    if wrong.size:
+        i = int(wrong[0])
+        raise ValueError(
+            f"arange{args}: {int(check[i])} does not fit in {dt} (it would become {held[i].item()!r}); "
+            "pass a dtype that holds every value, e.g. dtype='int64', and cast afterwards if you mean to round"
+        )
+    return _leaf(backend.to_device(exact.astype(dt, copy=False), device), False)

@@ -59,7 +59,14 @@ def gradcheck(
                 f"gradcheck needs float64 CPU inputs; input {i} is {t.dtype} on {t.device}. "
                 "Float32 rounding (1.2e-7) divided by a step h swamps the derivative."
             )
+        if t.requires_grad and not np.isfinite(t.data).all():
+            raise GradientError(
+                f"gradcheck needs finite inputs; input {i} (shape {t.shape}) holds "
+                f"{int((~np.isfinite(t.data)).sum())} NaN or inf value(s), where no derivative can be checked"
+            )
     out = fn(*inputs)
+    if not isinstance(out, Tensor):
+        raise GradientError(f"gradcheck needs fn to return a Tensor; it returned {type(out).__name__}")
     weights = np.random.default_rng(seed).standard_normal(out.shape)
 
     def scalar() -> float:
@@ -74,7 +81,8 @@ def gradcheck(
             continue
         analytic = np.zeros_like(t.data) if t.grad is None else t.grad
         numeric = numerical_gradient(scalar, t.data, h)
-        bad = np.abs(analytic - numeric) > atol + rtol * np.abs(numeric)
+        # Written as "not close" so that a NaN on either side is a disagreement, never a pass.
+        bad = ~((analytic == numeric) | (np.abs(analytic - numeric) <= atol + rtol * np.abs(numeric)))
         if bad.any():
             j = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), t.shape)) if t.ndim else ()
             raise GradientError(

@@ -91,7 +91,24 @@ class Tensor:
         return self._edge
 
     def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("a 0-d tensor (shape ()) has no length; read its value with .item()")
         return len(self.data)
+
+    def __iter__(self) -> Any:
+        """The rows along the first axis (without this, Python's old protocol would make a 0-d tensor an empty list)."""
+        if self.ndim == 0:
+            raise TypeError("cannot iterate over a 0-d tensor (shape ()); read its value with .item()")
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self) -> bool:
+        """The truth of a one-element tensor; without this, every Tensor (even tensor(0.0)) would be true."""
+        if self.size != 1:
+            raise ValueError(
+                f"the truth value of a tensor of shape {self.shape} ({self.size} elements) is ambiguous: "
+                "reduce it to one value first, e.g. (x > 0).numpy().all() or x.max().item() > 0"
+            )
+        return bool(self.item())
 
     def __repr__(self) -> str:
         values = np.array2string(backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(", threshold=64)
@@ -215,3 +232,15 @@ def as_tensor(value: Any, like: Tensor) -> Tensor:
     if backend.is_array(value):
         return as_tensor(Tensor._make(value, False, None), like)
     raise TypeError(f"cannot combine a Tensor with {type(value).__name__}; use a Tensor, an array or a number")
+
+
+def not_a_tensor(value: Any, op: str) -> TypeError:
+    """The error for an operation given a NumPy array, a list or a number where it needs a Tensor.
+
+    Without it, a NumPy array would reach the op as ``array.data`` (a memoryview) and fail far
+    inside with "Cannot interpret '<memory at 0x...>' as a data type".
+    """
+    what = type(value).__name__
+    if backend.is_array(value):
+        what = f"a {type(value).__module__.split('.')[0]} array of shape {value.shape} and dtype {value.dtype}"
+    return TypeError(f"{op} takes a tinyamp Tensor; got {what}. Wrap it first: ta.tensor(x)")

@@ -222,6 +222,13 @@ def save_checkpoint(path: PathLike, model: Module, optimizer: Any, scaler: Any =
     never leaves a half-written checkpoint (an older checkpoint at `path` stays intact).
     """
     path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):  # else os.replace would fail naming the temporary file, not `path`
+        raise IsADirectoryError(f"cannot save a checkpoint to {path}: it is a folder; name a file in it, "
+                                f"e.g. {os.path.join(path, 'checkpoint.npz')}")  # fmt: skip
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot save a checkpoint to {path}: the folder {folder} does not exist; create it "
+                                "first (os.makedirs(folder, exist_ok=True))")  # fmt: skip
     content = {
         "format": FORMAT,
         "version": VERSION,

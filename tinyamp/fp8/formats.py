@@ -131,10 +131,19 @@ def encode(x: np.ndarray, fmt: str | Minifloat) -> np.ndarray:
     return code.astype(np.uint8).reshape(shape)
 
 
+def codes(code: np.ndarray, bits: int, name: str, encoder: str = "encode") -> np.ndarray:
+    """`code` as uint8, refused unless integers in [0, 2^bits): a cast would wrap 300 to 44 and read 1.5 as 1."""
+    c = np.asarray(code)
+    if c.dtype.kind not in "iu" or (c.size and (c.min() < 0 or c.max() >= 2**bits)):
+        got = f"integers from {c.min()} to {c.max()}" if c.dtype.kind in "iu" else f"{c.dtype} values, not codes"
+        raise ValueError(f"{name} codes are integers from 0 to {2**bits - 1}, as {encoder} returns them; got {got}")
+    return c.astype(np.uint8)
+
+
 def decode(code: np.ndarray, fmt: str | Minifloat) -> np.ndarray:
-    """uint8 bit patterns of `fmt` -> float32 values, exactly (a table look-up)."""
+    """uint8 bit patterns of `fmt` -> float32 values, exactly (a table look-up); round values with decode(encode(x))."""
     f = get_format(fmt)
-    return f.values[np.asarray(code, dtype=np.uint8) & (2**f.bits - 1)]
+    return f.values[codes(code, f.bits, f.name)]
 
 
 def encode_e8m0(exponent: np.ndarray) -> np.ndarray:
@@ -147,6 +156,6 @@ def encode_e8m0(exponent: np.ndarray) -> np.ndarray:
 
 def decode_e8m0(code: np.ndarray) -> np.ndarray:
     """E8M0 bytes -> float32 scales 2^(code - 127), exactly (2^-127 is a float32 subnormal); 0xFF -> NaN."""
-    code = np.asarray(code, dtype=np.uint8)
+    code = codes(code, 8, "E8M0", "encode_e8m0")
     out = np.ldexp(np.float32(1.0), np.minimum(code, 254).astype(np.int32) - 127).astype(np.float32)
     return np.where(code == 0xFF, np.float32(np.nan), out)

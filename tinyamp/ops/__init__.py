@@ -46,7 +46,7 @@ def _to(x: Tensor, device_or_dtype: Any) -> Tensor:
 
 
 def _reshape(x: Tensor, *shape: Any) -> Tensor:
-    return reshape(x, tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+    return reshape(x, tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
 
 def setup_tensor() -> None:

@@ -14,7 +14,7 @@ from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.function import Function
 from tinyamp.ops.broadcasting import unbroadcast
-from tinyamp.tensor import Scalar, Tensor, as_tensor
+from tinyamp.tensor import Scalar, Tensor, as_tensor, not_a_tensor
 
 
 class Add(Function):
@@ -106,8 +106,10 @@ def operands(a: Tensor | Scalar, b: Tensor | Scalar, op: str | None = None) -> t
     """
     if isinstance(a, Tensor):
         b = as_tensor(b, a)
-    else:
-        a = as_tensor(a, b)  # type: ignore[arg-type]
+    elif isinstance(b, Tensor):
+        a = as_tensor(a, b)
+    else:  # two NumPy arrays, say: neither says which device or dtype the result should have
+        raise not_a_tensor(a, op or "an operation")
     da, db = a.data.dtype, b.data.dtype
     if da != db and not (dtypes.is_floating(da) and dtypes.is_floating(db)):
         target = dtypes.promote(da, db)
@@ -148,6 +150,8 @@ _COMPARISONS = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greate
 
 def compare(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     """Elementwise comparison ("lt", "le", "gt", "ge", "eq"): a bool tensor, no gradient."""
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise not_a_tensor(a, "equal" if op == "eq" else f"compare({op!r})")
     a, b = operands(a, b)
     xp = get_array_module(a.data)
     return Tensor._make(getattr(xp, _COMPARISONS[op])(a.data, b.data), False, None)

@@ -26,7 +26,7 @@ from tinyamp.backend import DeviceError
 from tinyamp.function import Function
 from tinyamp.ops.arithmetic import operands
 from tinyamp.ops.broadcasting import unbroadcast
-from tinyamp.tensor import Tensor
+from tinyamp.tensor import Tensor, not_a_tensor
 
 
 def _swap(x: Any) -> Any:
@@ -122,6 +122,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """$x W^T + b$: x (..., in), W (out, in), b (out,)."""
+    if not isinstance(x, Tensor):
+        raise not_a_tensor(x, "linear (a Linear layer's input)")
     if weight.ndim != 2:
         raise ValueError(f"linear needs a 2-D weight (out, in); got shape {weight.shape}")
     if x.ndim == 0 or x.shape[-1] != weight.shape[1]:

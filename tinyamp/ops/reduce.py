@@ -16,7 +16,7 @@ from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.dtypes import accumulation_dtype
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor
+from tinyamp.tensor import Tensor, not_a_tensor
 
 Axis = int | Sequence[int] | None
 
@@ -25,7 +25,9 @@ def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
     """Axes as a sorted tuple of non-negative ints, with a clear error when out of range."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis) if isinstance(axis, (tuple, list)) else None
+    if axes is None or any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in axes):
+        raise TypeError(f"axis is an int, a tuple of ints or None, like axis=0 or axis=(0, 1); got {axis!r}")
     out = []
     for a in axes:
         if not -ndim <= a < ndim:
@@ -94,6 +96,8 @@ class Max(Function):
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Sum over `axis` (all axes when None)."""
+    if not isinstance(x, Tensor):
+        raise not_a_tensor(x, "sum")
     (x,) = cast_inputs("sum", x)
     return Sum.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
@@ -104,6 +108,8 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     A mean over no elements (an axis of size 0) is 0/0: an error here, where NumPy would warn
     and return NaN.
     """
+    if not isinstance(x, Tensor):
+        raise not_a_tensor(x, "mean")
     axes = normalize_axes(axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):
         raise ValueError(
@@ -118,6 +124,8 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Maximum over `axis` (all axes when None)."""
+    if not isinstance(x, Tensor):
+        raise not_a_tensor(x, "max")
     if x.size == 0:
         raise ValueError(f"max of an empty tensor (shape {x.shape}) is undefined")
     return Max.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)

@@ -15,7 +15,7 @@ from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.dtypes import accumulation_dtype
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor
+from tinyamp.tensor import Tensor, not_a_tensor
 
 
 class Reshape(Function):
@@ -88,6 +88,9 @@ class Concatenate(Function):
 
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     """`x` with a new shape (one entry may be -1) holding the same number of elements."""
+    whole = isinstance(shape, (tuple, list)) and all(isinstance(n, (int, np.integer)) for n in shape)
+    if not whole or any(isinstance(n, bool) for n in shape):
+        raise TypeError(f"reshape takes whole numbers, like x.reshape(2, 3) or x.reshape((2, -1)); got {shape!r}")
     shape = tuple(int(n) for n in shape)
     if shape == x.shape:
         return x
@@ -135,6 +138,9 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("concatenate needs at least one tensor")
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(t, "concatenate")
     first = tensors[0]
     if not -first.ndim <= axis < first.ndim:  # checked before % would wrap it (or divide by 0 for 0-d)
         raise ValueError(f"concatenate: axis {axis} is out of range for tensors of shape {first.shape}")
