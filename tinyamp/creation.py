@@ -90,12 +90,13 @@ def arange(*args: int, dtype: Any = "int64", device: str = "cpu") -> Tensor:
         raise ValueError("arange: a step of 0 would never reach stop; pass a step other than 0")
     dt = dtypes.resolve(dtype)
     dtypes.check_supported(dt, backend.check_device(device))
-    exact = np.arange(*args, dtype=np.int64)
-    # The values are evenly spaced, so an integer dtype (or bool) holds them all when it holds both ends;
-    # a float dtype holds every integer up to 2^(mantissa bits + 1), and is checked value by value above it.
-    ends = exact[[0, -1]] if exact.size else exact
+    values = range(*(int(a) for a in args))
+    # Evenly spaced integers: an integer dtype (or bool) holds them all when it holds both ends; a float
+    # dtype holds every integer up to 2^(mantissa bits + 1), and is checked value by value above it.
+    check = np.array([values[0], values[-1]] if values else [], dtype=np.int64)
     floating = dtypes.is_floating(dt)
-    check = exact if floating and ends.size and np.abs(ends).max() > 2.0 ** (dtypes.finfo(dt).nmant + 1) else ends
+    if floating and check.size and np.abs(check).max() > 2.0 ** (dtypes.finfo(dt).nmant + 1):
+        check = np.arange(*args, dtype=np.int64)  # the rare case, on the host
     with np.errstate(all="ignore"):  # a value that does not fit is reported below, by name
         held = check.astype(dt)
         back = held.astype(np.float64) if floating else held.astype(np.int64)
@@ -106,4 +107,4 @@ def arange(*args: int, dtype: Any = "int64", device: str = "cpu") -> Tensor:
             f"arange{args}: {int(check[i])} does not fit in {dt} (it would become {held[i].item()!r}); "
             "pass a dtype that holds every value, e.g. dtype='int64', and cast afterwards if you mean to round"
         )
-    return _leaf(backend.to_device(exact.astype(dt, copy=False), device), False)
+    return _leaf(backend.array_module(device).arange(*args, dtype=dt), False)  # made where it lives: no copy
