@@ -455,3 +455,17 @@ def test_an_axis_or_a_shape_that_is_not_whole_numbers_is_named(make, match: str)
     with pytest.raises(TypeError, match=match):  # before: "'float' object is not iterable" and kin
         make(ta.ones((2, 3)))
     assert ta.ones((2, 3)).sum(axis=np.int64(1)).shape == (2,) and ta.ones(6).reshape(np.int64(2), 3).shape == (2, 3)
+
+
+@pytest.mark.parametrize("eps", [0, -1.0, float("nan"), float("inf"), "1e-5", True])
+def test_layer_norm_function_refuses_an_eps_that_is_not_a_positive_number(eps: object) -> None:
+    """The LayerNorm module checked eps; the function let eps <= 0 make NaN from a constant row."""
+    with pytest.raises(ValueError, match=esc("layer_norm: eps must be a finite number > 0", repr(eps))):
+        ta.layer_norm(ta.ones((2, 3)), eps=eps)
+
+
+def test_an_optimizer_given_a_model_instead_of_its_parameters_says_which_to_pass() -> None:
+    from tinyamp import nn, optim
+
+    with pytest.raises(TypeError, match=esc("not the Linear itself", "model.named_parameters()")):
+        optim.SGD(nn.Linear(3, 2), lr=0.1)

@@ -9,6 +9,7 @@ why mixed precision keeps this op in float32.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tinyamp import kernels
@@ -83,5 +84,8 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
             raise ValueError(f"layer_norm: {name} of shape {p.shape} does not fit input {x.shape}; it must be ({d},)")
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported; pass weight=ones")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        # eps <= 0 divides 0 by 0 (or takes sqrt of < 0) on a constant row: NaN, not an error, without this
+        raise ValueError(f"layer_norm: eps must be a finite number > 0; got eps={eps!r}. Pass e.g. eps=1e-05")
     inputs = cast_inputs("layer_norm", *[t for t in (x, weight, bias) if t is not None])
     return LayerNorm.apply(*inputs, eps=eps)

@@ -25,6 +25,9 @@ def collect(params: Params) -> tuple[list[Tensor], list[str]]:
     """Parameters and their names ("0", "1", ... unless given as named_parameters() pairs)."""
     if isinstance(params, Tensor):
         raise TypeError("an optimizer takes an iterable of parameters, e.g. model.parameters(); wrap one in a list")
+    if hasattr(params, "parameters") and hasattr(params, "named_parameters"):  # a Module, not its parameters
+        raise TypeError(f"an optimizer takes the parameters of a model, not the {type(params).__name__} itself: "
+                        "pass model.named_parameters() (or model.parameters())")  # fmt: skip
     tensors: list[Tensor] = []
     names: list[str] = []
     seen: set[int] = set()
