@@ -469,3 +469,13 @@ def test_an_optimizer_given_a_model_instead_of_its_parameters_says_which_to_pass
 
     with pytest.raises(TypeError, match=esc("not the Linear itself", "model.named_parameters()")):
         optim.SGD(nn.Linear(3, 2), lr=0.1)
+
+
+@pytest.mark.parametrize("flag", ["yes", "no", 1, None])
+def test_requires_grad_must_be_a_bool_not_something_truthy(flag: object) -> None:
+    """"no" is truthy: it used to make a tensor that requires a gradient."""
+    for make in (lambda: ta.tensor([1.0], requires_grad=flag), lambda: ta.zeros(2, requires_grad=flag),
+                 lambda: ta.ones(2).requires_grad_(flag)):  # fmt: skip
+        with pytest.raises(TypeError, match=esc("requires_grad must be True or False", repr(flag))):
+            make()
+    assert ta.tensor([1.0], requires_grad=np.bool_(True)).requires_grad

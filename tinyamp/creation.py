@@ -37,7 +37,7 @@ def _floating(dtype: Any, made_by: str) -> Any:
 
 def _leaf(data: Any, requires_grad: bool) -> Tensor:
     t = Tensor._make(data, False, None)
-    return t.requires_grad_(True) if requires_grad else t
+    return t.requires_grad_(requires_grad) if requires_grad is not False else t
 
 
 def full(

@@ -34,8 +34,8 @@ class Tensor:
         self.name: str | None = None
         self._edge: autograd.Edge | None = None
         self.requires_grad = False
-        if requires_grad:
-            self.requires_grad_(True)
+        if requires_grad is not False:
+            self.requires_grad_(requires_grad)
 
     @staticmethod
     def _make(data: Any, requires_grad: bool, ctx: Any) -> Tensor:
@@ -122,6 +122,8 @@ class Tensor:
     # ---- gradients -----------------------------------------------------------------------
     def requires_grad_(self, flag: bool = True) -> Tensor:
         """Mark a leaf as wanting a gradient (only floating-point tensors can)."""
+        if not isinstance(flag, (bool, np.bool_)):  # "no" or 0.5 would be truthy, and silently mean yes
+            raise TypeError(f"requires_grad must be True or False; got {flag!r} ({type(flag).__name__})")
         if flag and not dtypes.is_floating(self.dtype):
             raise TypeError(
                 f"only floating-point tensors can require gradients; this one is {self.dtype}. "
