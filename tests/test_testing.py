@@ -243,7 +243,9 @@ def test_a_scaler_that_raises_is_a_counterexample_too() -> None:
                 raise ZeroDivisionError("oops")
             super().update(found_inf)
 
-    with pytest.raises(AssertionError, match=r"after no step, update\(True\) .* raised ZeroDivisionError: oops"):
+    # Where hypothesis's shrinking stops depends on its random draws: after no step, or after a clean one.
+    found = r"after (no step|\d+ clean steps?), update\(True\) .* raised ZeroDivisionError: oops"
+    with pytest.raises(AssertionError, match=found):
         check_scaler(lambda **s: Broken(**s), "pytorch", max_examples=50)
 
 
