@@ -45,5 +45,6 @@ def embedding(weight: Tensor, indices: Tensor | Any) -> Tensor:
     n = weight.shape[0]
     if indices.size:  # NumPy would wrap a negative index silently; an embedding index is a token id.
         # On a GPU the check is answered at the next read (backend.defer_check).
-        indices = Tensor(kernels.call("check_in_range", backend.check_in_range, indices.data, n, "embedding indices"))
+        checked = kernels.call("check_in_range", backend.check_in_range, indices.data, n, "embedding indices")
+        indices = Tensor._make(checked, False, None)  # wrapped, not copied (Tensor() would copy)
     return Embedding.apply(weight, indices)
