@@ -97,7 +97,9 @@ def test_the_demo_says_why_its_bf16_row_is_missing(
     monkeypatch.setattr(runner, "bfloat16_available", lambda: False)
     assert main(["demo", "--quiet", "--steps", "2", "--transformer-steps", "0"]) == 0
     out = capsys.readouterr().out
-    assert "(no bf16-mixed row: ml_dtypes is not installed: pip install ml_dtypes, a dependency of tinyamp)" in out
+    why = "(no bf16 or bf16-mixed rows: ml_dtypes is not installed: pip install ml_dtypes, a dependency of tinyamp)"
+    assert why in out
+    assert "bf16" not in out.split("Against FP32")[1]  # no row and no verdict
 
 
 def test_ml_dtypes_is_a_dependency() -> None:
@@ -184,10 +186,12 @@ def test_bfloat16_and_fp8_are_refused_on_cuda_and_left_out_of_its_demo() -> None
     with pytest.raises(UsageError, match="CPU only"):
         _check_precision("bf16-mixed", "cuda")
     with pytest.raises(UsageError, match="CPU only"):
+        _check_precision("bf16", "cuda")
+    with pytest.raises(UsageError, match="CPU only"):
         _check_precision("fp8", "cuda")
     _check_precision("mixed", "cuda")
     assert "bf16-mixed" not in demo_regimes("cuda") and "fp8" in demo_regimes("cpu")
-    assert demo_regimes("cuda") == [r for r in demo_regimes("cpu") if r not in ("bf16-mixed", "fp8")]
+    assert demo_regimes("cuda") == [r for r in demo_regimes("cpu") if r not in ("bf16", "bf16-mixed", "fp8")]
 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--batch-size", "-1"], ["--lr", "0"], ["--steps", "-3"]])

@@ -185,11 +185,12 @@ def _write_outputs(out: Any, document: dict[str, Any], manifest: dict[str, Any])
 # ---- tinyamp demo --------------------------------------------------------------------------------
 def demo(args: argparse.Namespace, stop: Stop) -> int:
     """Train the digits MLP in every regime and the transformer in FP32 and mixed; print the tables."""
+    from tinyamp.experiments.diagnosis import overflows
     from tinyamp.experiments.divergence import diverged
     from tinyamp.experiments.regimes import REGIMES
     from tinyamp.experiments.results import footnotes, format_table, results_document
     from tinyamp.experiments.runner import demo_regimes, run_all
-    from tinyamp.experiments.tasks import CharTransformer, DigitsMLP
+    from tinyamp.experiments.tasks import KERAS_SGD_DEFAULTS, CharTransformer, DigitsMLP
 
     if not 0 <= args.transformer_steps <= run_settings.MAX_STEPS:  # --steps' bound: a run that ends
         raise UsageError(f"--transformer-steps must be 0 (skip the transformer) or a whole number up to "
@@ -200,18 +201,18 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     progress = progress_bar(not args.quiet)
     began = time.perf_counter()
     regimes = demo_regimes(args.device)
-    mlp = DigitsMLP(seed=args.seed, device=args.device)
+    mlp = DigitsMLP(seed=args.seed, device=args.device, **KERAS_SGD_DEFAULTS)
     print(
-        f"Digits MLP 64-{'-'.join(map(str, mlp.hidden))}-10, {args.steps} steps of SGD (momentum {mlp.momentum}, "
-        f"lr {mlp.lr} with cosine decay), batch {mlp.batch_size}, seed {args.seed}; same initial weights and "
-        "batches in every regime:"
+        f"Digits MLP 64-{'-'.join(map(str, mlp.hidden))}-10, {args.steps} steps of plain SGD with Keras's defaults "
+        f"(lr {mlp.lr}, no momentum, no schedule, batch {mlp.batch_size}), seed {args.seed}; same initial weights "
+        "and batches in every regime:"
     )
     for name in regimes:
         print(f"  {name:<12} {REGIMES[name].summary}")
     if "bf16-mixed" not in regimes:
         why = "tinyamp's GPU code is FP16 only" if args.device != "cpu" else "ml_dtypes is not installed"
         fix = "" if args.device != "cpu" else ": pip install ml_dtypes, a dependency of tinyamp"
-        print(f"  (no bf16-mixed row: {why}{fix})")
+        print(f"  (no bf16 or bf16-mixed rows: {why}{fix})")
     if "fp8" not in regimes:
         print("  (no fp8 row: FP8 is emulated on NumPy, on the CPU only; tinyamp demo --device cpu shows it)")
     with np.errstate(all="ignore"):  # an overflow is a skipped step in the table, not a NumPy warning
@@ -223,7 +224,7 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
         if diverged(r):
             print(f"{r.regime}: DIVERGED: its loss ended {r.series['loss'][-1]}, {r.skipped_steps} steps skipped")
     print()
-    print(_mlp_verdict({r.regime: r for r in mlp_results}))
+    print(_mlp_verdict(mlp_results))
     for r in mlp_results:
         for line in _fp8_lines(r):
             print(line)
@@ -240,6 +241,9 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
             tr_results = run_all(chars, ["fp32", "mixed"], args.transformer_steps, measure_every=25, progress=progress)
         print()
         print(format_table(tr_results))
+        for r in tr_results:
+            if (overflow := overflows(r.to_json())) is not None:
+                print(f"{r.regime}: {overflow}")
         fp32, mixed = (r.metrics["val_loss"] for r in tr_results)
         verdict = "within" if abs(mixed - fp32) <= TRANSFORMER_TOLERANCE else "NOT within"
         print(
@@ -294,38 +298,17 @@ def _memory_table(results: list[Any], device: str = "cpu") -> str:
     return "\n".join(lines)
 
 
-def _mlp_verdict(r: dict[str, Any]) -> str:
-    """A few sentences that read the MLP table, computed from it."""
-    lines = []
+def _mlp_verdict(results: list[Any]) -> str:
+    """The reading of the MLP table, computed from it: each regime against FP32, why, and its repair's run."""
+    from tinyamp.experiments.diagnosis import FAILED_LOSS_RATIO, FAILED_POINTS, MATCH_POINTS, diagnose
 
-    def loss_ratio(a: str, b: str) -> float:
-        return r[a].metrics["train_loss"] / r[b].metrics["train_loss"]
-
-    def against_fp32(name: str) -> str:
-        gap = 100 * (r[name].metrics["accuracy"] - r["fp32"].metrics["accuracy"])
-        return (f"{name}: test accuracy {abs(gap):.2f} points {'above' if gap > 0 else 'below'} FP32's "
-                f"({'within' if abs(gap) <= 1.0 else 'NOT within'} 1 point), training loss "
-                f"{loss_ratio(name, 'fp32'):.2f}x FP32's")  # fmt: skip
-
-    if "fp32" in r and "mixed" in r:
-        lines.append(f"{against_fp32('mixed')}: the masters keep the small updates, the loss scale keeps the small "
-                     "gradients.")  # fmt: skip
-    if "fp16" in r and "mixed" in r and r["fp16"].lost_update_fraction is not None:
-        lines.append(
-            f"fp16: {100 * r['fp16'].lost_update_fraction:.0f}% of its updates were lost (below half an ulp of "
-            f"their weight, they round away), so its training loss ends {loss_ratio('fp16', 'mixed'):.2f}x mixed's."
-        )
-    if "fp16-master" in r and "mixed" in r and r["fp16-master"].underflow_fraction is not None:
-        lines.append(
-            f"fp16-master: without loss scaling {100 * r['fp16-master'].underflow_fraction:.0f}% of the gradient "
-            f"values are 0 in FP16 at the end (mixed: {100 * r['mixed'].underflow_fraction:.1f}%); its training "
-            f"loss is {loss_ratio('fp16-master', 'mixed'):.2f}x mixed's: the values that vanish are the smallest, "
-            f"together {_share(r['fp16-master'].underflow_norm_fraction)} of the gradients' squared norm, too "
-            "little to change the updates on this model (README, 'The demo')."
-        )
-    if "fp32" in r and "fp8" in r:
-        lines.append(f"{against_fp32('fp8')}, with every Linear product on FP8 inputs (E4M3 forward, E5M2 gradients, "
-                     "a delayed scale per tensor).")  # fmt: skip
+    verdicts = diagnose({r.regime: r.to_json() for r in results})
+    lines = [
+        f"Against FP32 (failed: a training loss {FAILED_LOSS_RATIO:g}x FP32's or more, or a test accuracy "
+        f"{FAILED_POINTS:g} points below or more; matches: within {MATCH_POINTS:g} point):"
+    ]
+    for v in verdicts.values():
+        lines.extend(v.lines())
     return "\n".join(lines)
 
 
@@ -336,13 +319,6 @@ def _fp8_lines(result: Any) -> list[str]:
     if not result.fp8:
         return []
     return [fp8_report.sentence(result.fp8), *fp8_report.nonfinite_lines(result)]
-
-
-def _share(fraction: float | None) -> str:
-    """A small fraction as a readable share: '3e-07' rather than '0.0%'."""
-    if fraction is None or fraction != fraction:
-        return "an unmeasured share"
-    return f"{100 * fraction:.2g}%" if fraction >= 1e-4 else f"{fraction:.1g}"
 
 
 # ---- tinyamp train -------------------------------------------------------------------------------

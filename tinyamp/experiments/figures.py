@@ -35,8 +35,9 @@ FP16_BANDS = (
     ("overflow to inf (65520 and above)", math.log2(65520.0), 40.0, "#d62728"),
 )
 
-COLORS = {"fp32": "#000000", "fp16": "#d62728", "fp16-master": "#ff7f0e", "mixed": "#1f77b4", "bf16-mixed": "#9467bd",
-          "fp8": "#2ca02c", "fp8-current": "#17becf", "mxfp8": "#8c564b"}  # fmt: skip
+COLORS = {"fp32": "#000000", "fp16": "#d62728", "fp16-scaled": "#e377c2", "fp16-master": "#ff7f0e",
+          "mixed": "#1f77b4", "bf16": "#8c564b", "bf16-mixed": "#9467bd", "fp8": "#2ca02c", "fp8-current": "#17becf",
+          "mxfp8": "#bcbd22"}  # fmt: skip
 LINE_WIDTH = 1.4  # points
 HIDDEN_DASHES = (0, (4.0, 3.0))  # a curve drawn over another is dashed, so the one beneath shows through
 TINY_LR = 0.01  # "the learning rate has reached ~0": below 1% of its peak
@@ -180,11 +181,29 @@ def draw_loss_curves(task: dict[str, Any], title: str) -> Any:
         return f"at most {100 * np.max(np.abs(b[both] - a[both]) / np.abs(a[both])):.2g}% apart"
 
     _say_hidden(fig, ax, lines, names, gap)
+    _annotate_failures(ax, task["regimes"], dict(zip(names, lines)))
     resumed = sorted({s for r in task["regimes"].values() for s in r.get("resumed_at") or []})
     for i, step in enumerate(resumed):  # where a stopped run went on from its checkpoint
         ax.axvline(step, color="0.5", lw=0.8, ls=":", label="resumed from a checkpoint" if i == 0 else None)
     ax.legend(fontsize="small")
     return fig
+
+
+def _annotate_failures(ax: Any, regimes: dict[str, Any], lines: dict[str, Any]) -> None:
+    """Write beside the end of each failed curve how far it ended from FP32 and what the run measured."""
+    from tinyamp.experiments.diagnosis import diagnose
+
+    for name, verdict in diagnose(regimes).items():
+        if not verdict.failed or name not in lines:
+            continue
+        x, y = lines[name].get_xdata()[-1], lines[name].get_ydata()[-1]
+        lost = regimes[name].get("lost_update_fraction")
+        why = f"{100 * lost:.0f}% of its updates lost" if lost is not None else "; ".join(verdict.causes[:1])
+        side = "above" if verdict.points > 0 else "below"
+        ax.annotate(f"{name} FAILED: {verdict.loss_ratio:.1f}x FP32's final loss, test accuracy\n"
+                    f"{abs(verdict.points):.1f} points {side} FP32's: {why}", xy=(x, y), xytext=(-4, -12),
+                    textcoords="offset points", ha="right", va="top", fontsize="small",
+                    color=lines[name].get_color())  # fmt: skip
 
 
 def draw_loss_scale(task: dict[str, Any], title: str) -> Any:

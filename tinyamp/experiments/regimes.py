@@ -1,17 +1,22 @@
 """The training regimes compared side by side, each one mechanism away from the next.
 
-===============  ========  ===========  ==============  ============  =============================
-regime           weights   activations  master weights  loss scaling  what it shows
-===============  ========  ===========  ==============  ============  =============================
-``fp32``         FP32      FP32         (not needed)    no            the reference
-``fp16``         FP16      FP16         no              no            small updates are lost
-``fp16-master``  FP16      FP16         FP32            no            small gradients underflow
-``mixed``        FP16      FP16         FP32            dynamic       both repaired: FP32's result
-``bf16-mixed``   BF16      BF16         FP32            no            BF16 has FP32's range
-``fp8``          FP32      FP32         (the weights)   no            FP8 products, delayed scales
-``fp8-current``  FP32      FP32         (the weights)   no            the same, current scales
-``mxfp8``        FP32      FP32         (the weights)   no            a scale per 32 values
-===============  ========  ===========  ==============  ============  =============================
+================  ========  ===========  ==============  ============  ==============================
+regime            weights   activations  master weights  loss scaling  what it shows
+================  ========  ===========  ==============  ============  ==============================
+``fp32``          FP32      FP32         (not needed)    no            the reference
+``fp16``          FP16      FP16         no              no            small updates are lost
+``fp16-scaled``   FP16      FP16         no              dynamic       scaling alone: updates still lost
+``fp16-master``   FP16      FP16         FP32            no            masters alone: gradients underflow
+``mixed``         FP16      FP16         FP32            dynamic       both repaired: FP32's result
+``bf16``          BF16      BF16         no              no            8 bits of precision: most updates lost
+``bf16-mixed``    BF16      BF16         FP32            no            BF16 has FP32's range
+``fp8``           FP32      FP32         (the weights)   no            FP8 products, delayed scales
+``fp8-current``   FP32      FP32         (the weights)   no            the same, current scales
+``mxfp8``         FP32      FP32         (the weights)   no            a scale per 32 values
+================  ========  ===========  ==============  ============  ==============================
+
+Each repair can be seen alone: ``fp16-scaled`` adds loss scaling and ``fp16-master`` FP32
+masters to ``fp16``; ``mixed`` has both, and ``bf16-mixed`` adds the masters to ``bf16``.
 
 Every 16-bit regime runs its forward pass under the same ``autocast`` policy (matrix
 products in 16 bits with FP32 accumulation; softmax and the loss in FP32), so two
@@ -71,8 +76,10 @@ REGIMES: dict[str, Regime] = {
     for r in (
         Regime("fp32", "float32", None, False, "off", "FP32 weights, activations and gradients: the reference"),
         Regime("fp16", "float16", "float16", False, "off", "FP16 weights updated in place; no loss scaling"),
+        Regime("fp16-scaled", "float16", "float16", False, "pytorch", "FP16 weights updated in place; dynamic scaling"),
         Regime("fp16-master", "float16", "float16", True, "off", "FP16 weights with FP32 masters; no loss scaling"),
         Regime("mixed", "float16", "float16", True, "pytorch", "FP16 compute, FP32 masters, dynamic loss scaling"),
+        Regime("bf16", "bfloat16", "bfloat16", False, "off", "BF16 weights updated in place; no loss scaling"),
         Regime("bf16-mixed", "bfloat16", "bfloat16", True, "off", "BF16 compute, FP32 masters; no scaling needed"),
         *(Regime(name, "float32", None, False, "off", summary, fp8=name) for name, summary in FP8_RECIPES.items()),
     )

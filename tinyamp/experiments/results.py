@@ -58,6 +58,7 @@ class RegimeResult:
     first_step: int = 0  # the step of series[0]: 0, or where a run resumed from a checkpoint without a history
     resumed_at: list[int] = field(default_factory=list)  # the steps where the run was resumed
     fp8: dict[str, Any] = field(default_factory=dict)  # FP8 regimes: every cast tensor's scales and counts per step
+    first_overflow: dict[str, Any] = field(default_factory=dict)  # the first skipped step: step, scale, op
 
     def to_json(self) -> dict[str, Any]:
         """A dict with only JSON values (NaN becomes None)."""

@@ -24,7 +24,7 @@ from tinyamp.experiments import history as run_history
 from tinyamp.experiments import measure
 from tinyamp.experiments.regimes import REGIMES, Setup, bfloat16_available, build
 from tinyamp.experiments.results import RegimeResult
-from tinyamp.inspect import peak_memory, saved_tensors, training_memory
+from tinyamp.inspect import find_overflow, peak_memory, saved_tensors, training_memory
 from tinyamp.nn.module import Module
 
 LATE = 0.1  # "late in training": the last 10% of the steps
@@ -43,11 +43,11 @@ def load_widened(reference: Module, model: Module) -> Module:
 
 
 def demo_regimes(device: str = "cpu") -> list[str]:
-    """The regimes the demo compares: the 16-bit ones, bf16-mixed when ml_dtypes is installed and the
-    device is the CPU (tinyamp's GPU code is FP16 only), and fp8 (delayed scaling) on the CPU."""
+    """The regimes the demo compares: the 16-bit ones, bf16 and bf16-mixed when ml_dtypes is installed and
+    the device is the CPU (tinyamp's GPU code is FP16 only), and fp8 (delayed scaling) on the CPU."""
 
     def shown(name: str) -> bool:
-        if name == "bf16-mixed":
+        if REGIMES[name].weights == "bfloat16":
             return bfloat16_available() and device == "cpu"
         return REGIMES[name].fp8 is None or (name == "fp8" and device == "cpu")  # one FP8 row: the others are alike
 
@@ -101,6 +101,7 @@ def run_regime(
     bar = progress(total=steps, initial=start, desc=f"{task.name} {regime}") if progress else None
     batches = task.batches(start=start)
     stopped = None
+    first_overflow: dict[str, Any] = {}
     try:
         for step in range(start, steps):
             batch = next(batches)
@@ -133,6 +134,9 @@ def run_regime(
             except FloatingPointError as exc:  # the scaler found that no later step can succeed
                 stopped = str(exc)
                 break
+            if report.skipped and not first_overflow and setup.fp8 is None:  # (FP8's replay would move its scales)
+                where = locate_overflow(setup, lambda m, b=batch: task.loss(m, b), report.scale_before)
+                first_overflow = {"step": step, "scale": report.scale_before, "where": where}
             if not is_measured and inspect is None and peak is None:
                 step_seconds.append(time.perf_counter() - t0)
             series["loss"].append(loss)
@@ -194,8 +198,27 @@ def run_regime(
         first_step=first,
         resumed_at=list(history["resumed_at"]),
         fp8={} if setup.fp8 is None else setup.fp8.summary(),
+        first_overflow=first_overflow,
     )
     return result, setup
+
+
+def locate_overflow(setup: Setup, loss_fn: Callable[[Module], Any], scale: float) -> str:
+    """Where a skipped step's gradients first became inf or NaN: the step replayed under ``find_overflow``.
+
+    A skipped step changed no weight, so the same batch at the same loss scale gives the same
+    values again; the first non-finite one names the op, its module and the direction.  (Finite
+    FP32 values above 65504, such as the scaled loss itself, are not overflows: they are passed over.)
+    """
+    setup.optimizer.zero_grad()
+    with find_overflow(setup.model, dtype=setup.regime.low_precision or "float16") as found:
+        with setup.autocast():
+            loss = loss_fn(setup.model)
+        with np.errstate(all="ignore"):
+            (loss.float() * scale).backward()
+    setup.optimizer.zero_grad()
+    event = next((e for e in found.events if not np.isfinite(e.value)), None)
+    return "no value became inf or NaN on the replay" if event is None else str(event)
 
 
 def _late_mean(measured: dict[str, list[Any]], key: str, late: int) -> float:

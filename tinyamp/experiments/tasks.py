@@ -22,6 +22,13 @@ from tinyamp.tensor import Tensor
 
 Batch = tuple[Tensor, Tensor]
 
+# The demo's recipe for the digits MLP: the settings Keras gives anyone who chooses none.
+# keras.optimizers.SGD(learning_rate=0.01, momentum=0.0) and Model.fit(batch_size=32) are Keras's
+# documented defaults, and Keras applies no schedule unless one is passed (a constant rate).  The
+# model keeps its PyTorch default initialization (nn.Linear's).  With these small plain-SGD steps
+# BF16 weights lose nearly every update: tinyamp demo and benchmarks/failure_seeds.py measure it.
+KERAS_SGD_DEFAULTS: dict[str, Any] = {"lr": 0.01, "momentum": 0.0, "batch_size": 32, "schedule": "constant"}
+
 
 @dataclass
 class DigitsMLP:
