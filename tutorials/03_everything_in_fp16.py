@@ -13,7 +13,8 @@
 #   turns into zeros that FP32 keeps.
 # - **update: lost updates.** A weight update smaller than half the gap from its weight to the
 #   next FP16 value in its direction does not change the weight (tutorial 1). We count the lost
-#   updates over a training run and compare the loss curves.
+#   updates over a training run and compare the loss curves. The last section trains the demo's
+#   run in BF16, whose 8 significant bits lose nearly every update: there training fails.
 #
 # Tutorial 1 explained the formats and the arithmetic of FP16 products; here we see their limits
 # on a network that learns.
@@ -27,7 +28,7 @@
 # Prerequisites: tutorial 1 (sections 4 to 7: underflow, the ulp and lost additions, FP16 products)
 # and tutorial 2 (section 3, the dtype of a gradient).
 #
-# Time: about 6 s of CPU to run (9 s wall-clock on a busy shared 2-core machine), 30 minutes to read.
+# Time: about 17 s of CPU to run (five training runs of 1500 steps), 35 minutes to read.
 
 # %%
 import contextlib
@@ -36,15 +37,19 @@ import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import ml_dtypes
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import nn
 from tinyamp.amp import autocast, formats
+from tinyamp.cli import DEMO_MLP_STEPS
+from tinyamp.experiments.diagnosis import diagnose
 from tinyamp.experiments.measure import LostUpdateMeter
 from tinyamp.experiments.regimes import REGIMES
-from tinyamp.experiments.tasks import DigitsMLP
+from tinyamp.experiments.runner import run_regime
+from tinyamp.experiments.tasks import KERAS_SGD_DEFAULTS, DigitsMLP
 from tinyamp.inspect import find_overflow
 
 # figures go next to this file (or the notebook's folder, where __file__ is not defined)
@@ -507,13 +512,83 @@ assert late_gap.min() > 0.1
 # Section 3.1) report that updating the FP16 weights of their Mandarin speech model directly,
 # without an FP32 master copy, cost 80% relative accuracy.
 #
+# ## 5. A run that fails: BF16 weights without masters
+#
+# The FP16 run above lost updates and still reached FP32's accuracy. Its format has 11
+# significant bits; BF16 (tutorial 1) has 8, so the same rule with 8 in place of 11 says that
+# an update 512 or more times smaller than its normal BF16 weight is always lost, and one
+# under 256 times smaller never is. We check that rule on random weights and updates first.
+
+# %%
+rng = np.random.default_rng(0)
+w_bf = rng.uniform(2.0**-6, 2.0**-1, 200_000).astype(np.float32)
+w_bf = w_bf.astype(ml_dtypes.bfloat16).astype(np.float32)  # weights that are BF16 values
+u_bf = w_bf / rng.uniform(16, 4096, w_bf.size).astype(np.float32) * rng.choice([-1, 1], w_bf.size)
+moved = (w_bf + u_bf).astype(ml_dtypes.bfloat16).astype(np.float32) != w_bf
+ratio = w_bf / np.abs(u_bf)
+print(f"updates under 256x smaller that moved their BF16 weight: {moved[ratio < 256].mean():.1%}; "
+      f"512x or more smaller that moved it: {moved[ratio >= 512].mean():.1%}")  # fmt: skip
+between = (ratio >= 256) & (ratio < 512)  # where it depends on the weight's place in its binade
+assert moved[ratio < 256].all() and not moved[ratio >= 512].any() and 0 < moved[between].mean() < 1
+
+# %% [markdown]
+# Now a run where that matters, from the settings a newcomer gets without choosing any:
+# `tinyamp demo` trains this MLP with Keras's defaults (`keras.optimizers.SGD`:
+# `learning_rate=0.01`, `momentum=0.0`; `Model.fit`: `batch_size=32`; no schedule, so a
+# constant rate), for 1500 steps. Plain SGD's update is $0.01\,g$, and most of the
+# per-element gradients $g$ of this network are small enough that $0.01\,|g|$ is under a 512th
+# of a weight of a few hundredths. The three runs below are the demo's `fp32`, `fp16` and
+# `bf16` rows, computed by the same code (`run_regime`): the numbers are the demo's.
+
+# %%
+demo_task = DigitsMLP(**KERAS_SGD_DEFAULTS)
+demo_runs = {}
+for name in ("fp32", "fp16", "bf16"):
+    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=MEASURE_EVERY)
+verdicts = diagnose({name: r.to_json() for name, r in demo_runs.items()})
+for name, r in demo_runs.items():
+    lost = "-" if r.lost_update_fraction is None else f"{r.lost_update_fraction:.1%}"
+    print(f"{name:<5} training loss {r.metrics['train_loss']:.4f}, test accuracy {r.metrics['accuracy']:.2%}, "
+          f"updates lost {lost}")  # fmt: skip
+fp32_m, bf16_m = demo_runs["fp32"].metrics, demo_runs["bf16"].metrics
+for name in ("fp16", "bf16"):
+    v = verdicts[name]
+    print(f"{name}: {v.loss_ratio:.2f}x FP32's training loss, test accuracy {-v.points:.2f} points below FP32's")
+assert verdicts["bf16"].failed and not verdicts["fp16"].failed
+assert bf16_m["train_loss"] > 2 * fp32_m["train_loss"] and bf16_m["accuracy"] < fp32_m["accuracy"] - 0.05
+assert demo_runs["bf16"].lost_update_fraction > 0.9 > 0.7 > demo_runs["fp16"].lost_update_fraction > 0.4
+assert demo_runs["bf16"].skipped_steps == 0 and demo_runs["bf16"].underflow_fraction < 0.001  # nothing else failed
+
+fig, ax = plt.subplots(figsize=(7.5, 4))
+for name, color in (("fp32", "#000000"), ("fp16", "#d62728"), ("bf16", "#8c564b")):
+    lost = demo_runs[name].lost_update_fraction
+    label = name if lost is None else f"{name}: {lost:.0%} of the updates lost"
+    ax.plot(np.arange(49, DEMO_MLP_STEPS), smooth(np.array(demo_runs[name].series["loss"])), color=color, lw=1.4,
+            label=label)  # fmt: skip
+ax.set_xlabel("step")
+ax.set_ylabel("minibatch loss (50-step average)")
+ax.set_title("Digits MLP with Keras's default SGD: the weights in FP32, FP16 and BF16")
+ax.grid(True, alpha=0.3)
+ax.legend()
+fig.tight_layout()
+fig.savefig(OUT / "03_a_run_that_fails.png", dpi=110)
+ends = {line.get_label().split(":")[0]: line.get_ydata()[-1] for line in ax.get_lines()}
+assert ends["bf16"] > 2 * ends["fp32"], ends  # the figure shows it too: BF16's curve ends far above
+
+# %% [markdown]
+# BF16 without masters failed: nineteen of every twenty updates rounded away, and the
+# network is still near its starting loss after 1500 steps while FP32's has fallen about
+# fivefold. Nothing else went wrong (no gradient underflowed, no step overflowed): the loss
+# of updates alone did it. FP16 lost more than half of its updates too, and ended a little
+# apart from FP32. Tutorial 4 repairs both runs with FP32 master weights.
+#
 # ## Summary
 #
 # | step | FP16 failure | seen here | repair |
 # |---|---|---|---|
 # | forward | overflow above 65504 | a naive softmax's $e^{z}$ on confident logits | FP32 exp/softmax/loss (tut. 6) |
 # | backward | underflow at or below $2^{-25}$ | 2/3 of the logits' gradients, trained net | loss scaling (tut. 5) |
-# | update | updates under half the gap lost | over 95% late in training; higher loss | FP32 master weights (tut. 4) |
+# | update | updates under half the gap lost | 95% late; higher loss; BF16 fails (sec. 5) | FP32 masters (tut. 4) |
 #
 # None of the three is visible at the start of training: all three grow as the network fits
 # the data, because confident predictions mean large logits and small errors, and a decaying
