@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from tinyamp.cli import DEMO_MLP_STEPS  # noqa: E402
+from tinyamp.cli import DEMO_MEASURE_EVERY, DEMO_MLP_STEPS  # noqa: E402
 from tinyamp.engine.fast.allocator import keep_freed_memory  # noqa: E402
 from tinyamp.experiments.blas_threads import one_blas_thread  # noqa: E402
 from tinyamp.experiments.diagnosis import diagnose  # noqa: E402
@@ -36,12 +36,12 @@ REGIMES = ("fp32", "fp16", "fp16-scaled", "fp16-master", "mixed", "bf16", "bf16-
 
 
 def run_seed(seed: int, steps: int) -> dict[str, dict[str, Any]]:
-    """results.json's ``regimes`` for one seed: every regime of REGIMES, measured every 10 steps as the demo is."""
+    """results.json's ``regimes`` for one seed: every regime of REGIMES, measured as often as the demo measures."""
     task = DigitsMLP(seed=seed, **KERAS_SGD_DEFAULTS)
     out = {}
     for regime in REGIMES:
         with np.errstate(all="ignore"):
-            result, _ = run_regime(task, regime, steps, measure_every=10)
+            result, _ = run_regime(task, regime, steps, measure_every=DEMO_MEASURE_EVERY)
         entry = result.to_json()
         for key in ("series", "measured", "histogram"):  # the per-step series: not needed to read the rows
             entry.pop(key)

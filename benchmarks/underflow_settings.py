@@ -10,7 +10,7 @@ scaling) and ``mixed`` (the same, with the dynamic loss scale).  The two 16-bit 
 differ in one mechanism only, so the columns say what loss scaling buys:
 
 * underflow: the share of the true (FP32) gradient values that are 0 in FP16 at the
-  regime's loss scale, mean over the last 10% of the steps (the demo's underflow@end);
+  regime's loss scale, mean over the last 10% of the steps (the demo table's underflow@end);
 * of |g|^2: the share of the gradients' squared norm those values carry;
 * train loss and test accuracy at the end.
 
@@ -40,7 +40,7 @@ REGIMES = ("fp32", "fp16-master", "mixed")
 
 @dataclass
 class Setting:
-    """A named change to the demo's digits MLP (`task` overrides DigitsMLP's defaults)."""
+    """A named change to DigitsMLP's defaults, those of `tinyamp train` (`task` overrides them)."""
 
     name: str
     steps: int
@@ -48,7 +48,7 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("the demo: SGD 0.05, momentum 0.9, cosine, batch 128", 1500),
+    Setting("tinyamp train's defaults: SGD 0.05, momentum 0.9, cosine, batch 128", 1500),
     Setting("4x longer: 6000 steps", 6000),
     Setting("constant learning rate, 3000 steps", 3000, {"schedule": "constant"}),
     Setting("SGD + weight decay 5e-4", 1500, {"weight_decay": 5e-4}),
@@ -60,7 +60,7 @@ SETTINGS = (
 def run_setting(setting: Setting, fraction: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
     """The three regimes of `setting` from `seed`, at `fraction` of its steps: one row each.
 
-    Measured every 10 steps, as the demo does, so the first setting repeats the demo's numbers.
+    Measured every 10 steps, as the demo does, so the first setting repeats `tinyamp train`'s numbers.
     """
     steps = max(2, round(setting.steps * fraction))
     rows = []
@@ -112,7 +112,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2%% of the steps: checks that it runs")
-    parser.add_argument("--seed", type=int, default=0, help="initial weights and batches (default 0, the demo's)")
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and batches (default 0)")
     parser.add_argument("--only", default="", help="run the settings whose name contains this text")
     args = parser.parse_args(argv)
     chosen = [s for s in SETTINGS if args.only.lower() in s.name.lower()]

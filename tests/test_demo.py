@@ -190,3 +190,22 @@ def test_lost_update_meter_agrees_with_master_weights() -> None:
     masters.step()
     record = masters.history[-1]
     assert (changed, lost) == (record.changed, record.lost) == (64, 32)
+
+
+def test_the_loss_figure_names_the_failed_run_and_its_cause(demo_run: tuple) -> None:
+    if not matplotlib_available() or not bfloat16_available():
+        pytest.skip("needs matplotlib and ml_dtypes")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tinyamp.experiments.figures import draw_loss_curves
+
+    task = demo_run[0]["tasks"]["mlp"]
+    fig = draw_loss_curves(task, "digits MLP: training loss")
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    notes = [t for t in ax.texts if "FAILED" in t.get_text()]
+    assert [t.get_text().split()[0] for t in notes] == ["bf16"]  # the one failed run, and no other
+    lost = round(100 * task["regimes"]["bf16"]["lost_update_fraction"])
+    assert f"{lost}% of its updates lost" in notes[0].get_text()
+    box, legend = notes[0].get_window_extent(), ax.get_legend().get_window_extent()
+    assert ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1) and not box.overlaps(legend)

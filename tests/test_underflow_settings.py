@@ -63,4 +63,4 @@ def test_only_must_name_a_setting(study, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         study.main(["--only", "no such setting"])
     assert exit_info.value.code == 2
-    assert "the settings are: the demo" in capsys.readouterr().err
+    assert "the settings are: tinyamp train's defaults" in capsys.readouterr().err

@@ -48,7 +48,8 @@ DEFAULT_TRAIN_STEPS = 1500
 DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
 # The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
 DEMO_MLP_STEPS = 1500
-DEMO_TRANSFORMER_STEPS = 150
+DEMO_MEASURE_EVERY = 25  # MLP steps between measurements (lost updates, underflow): 61 of the 1500 steps
+DEMO_TRANSFORMER_STEPS = 100
 TRANSFORMER_TOLERANCE = 0.05  # nats: how close mixed precision's validation loss must come to FP32's
 
 
@@ -216,7 +217,9 @@ def demo(args: argparse.Namespace, stop: Stop) -> int:
     if "fp8" not in regimes:
         print("  (no fp8 row: FP8 is emulated on NumPy, on the CPU only; tinyamp demo --device cpu shows it)")
     with np.errstate(all="ignore"):  # an overflow is a skipped step in the table, not a NumPy warning
-        mlp_results = run_all(mlp, regimes, args.steps, measure_every=10, progress=progress, memory=True)
+        mlp_results = run_all(
+            mlp, regimes, args.steps, measure_every=DEMO_MEASURE_EVERY, progress=progress, memory=True
+        )
     print()
     print(format_table(mlp_results))
     print(footnotes())

@@ -44,7 +44,7 @@ from threadpoolctl import threadpool_limits
 import tinyamp as ta
 from tinyamp import nn
 from tinyamp.amp import autocast, formats
-from tinyamp.cli import DEMO_MLP_STEPS
+from tinyamp.cli import DEMO_MEASURE_EVERY, DEMO_MLP_STEPS
 from tinyamp.experiments.diagnosis import diagnose
 from tinyamp.experiments.measure import LostUpdateMeter
 from tinyamp.experiments.regimes import REGIMES
@@ -544,7 +544,7 @@ assert moved[ratio < 256].all() and not moved[ratio >= 512].any() and 0 < moved[
 demo_task = DigitsMLP(**KERAS_SGD_DEFAULTS)
 demo_runs = {}
 for name in ("fp32", "fp16", "bf16"):
-    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=MEASURE_EVERY)
+    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=DEMO_MEASURE_EVERY)
 verdicts = diagnose({name: r.to_json() for name, r in demo_runs.items()})
 for name, r in demo_runs.items():
     lost = "-" if r.lost_update_fraction is None else f"{r.lost_update_fraction:.1%}"

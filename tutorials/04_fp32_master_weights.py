@@ -38,7 +38,7 @@ from threadpoolctl import threadpool_limits
 import tinyamp as ta
 from tinyamp import optim
 from tinyamp.amp import MasterWeights, autocast, formats
-from tinyamp.cli import DEMO_MLP_STEPS
+from tinyamp.cli import DEMO_MEASURE_EVERY, DEMO_MLP_STEPS
 from tinyamp.experiments.diagnosis import diagnose
 from tinyamp.experiments.runner import run_regime
 from tinyamp.experiments.tasks import KERAS_SGD_DEFAULTS, DigitsMLP
@@ -482,7 +482,7 @@ assert ax_lost.get_lines()[0].get_ydata()[-1] == 100.0
 demo_task = DigitsMLP(**KERAS_SGD_DEFAULTS)
 demo_runs = {}
 for name in ("fp32", "bf16", "bf16-mixed"):
-    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=10)
+    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=DEMO_MEASURE_EVERY)
 verdicts = diagnose({name: r.to_json() for name, r in demo_runs.items()})
 for name, v in verdicts.items():
     state = "FAILED" if v.failed else "matches FP32" if v.matches else "apart from FP32"

@@ -37,7 +37,7 @@ import tinyamp as ta
 from tinyamp import nn, optim
 from tinyamp.amp import PRESETS, LossScaler, MasterWeights, autocast, formats, presets_table
 from tinyamp.amp.loss_scale import EVENTS, STATES
-from tinyamp.cli import DEMO_MLP_STEPS
+from tinyamp.cli import DEMO_MEASURE_EVERY, DEMO_MLP_STEPS
 from tinyamp.data import load_digits
 from tinyamp.experiments.runner import run_regime
 from tinyamp.experiments.tasks import KERAS_SGD_DEFAULTS, DigitsMLP
@@ -607,7 +607,7 @@ assert apex[split_pa] == 2.0**24 and np.array_equal(pt[:split_pa], apex[:split_p
 demo_task = DigitsMLP(**KERAS_SGD_DEFAULTS)
 demo_runs = {}
 for name in ("fp16", "fp16-scaled", "fp16-master", "mixed"):
-    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=10)
+    demo_runs[name], _ = run_regime(demo_task, name, DEMO_MLP_STEPS, measure_every=DEMO_MEASURE_EVERY)
 for name, r in demo_runs.items():
     print(f"{name:<12} training loss {r.metrics['train_loss']:.4f}, test accuracy {r.metrics['accuracy']:.2%}, "
           f"final scale {r.final_scale:g}, gradient values 0 in FP16 at the end {r.underflow_fraction:.3%}, "

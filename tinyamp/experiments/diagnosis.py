@@ -64,12 +64,12 @@ class Verdict:
         return out
 
 
-def causes(result: dict[str, Any]) -> tuple[str, ...]:
-    """What a 16-bit run measured, in words: lost updates, underflow, overflows (with the first one's op)."""
+def causes(name: str, result: dict[str, Any]) -> tuple[str, ...]:
+    """What the run of regime `name` measured, in words: lost updates, underflow, overflows (the first one's op)."""
     out = []
     lost = result.get("lost_update_fraction")
     if lost is not None:
-        spec = REGIMES.get(result["regime"])
+        spec = REGIMES.get(name)
         kept = " (its FP32 masters kept them)" if spec is not None and spec.master_weights else ""
         out.append(f"{100 * lost:.0f}% of its updates too small to move a 16-bit weight{kept}")
     underflow = result.get("underflow_fraction")
@@ -115,5 +115,5 @@ def diagnose(regimes: dict[str, dict[str, Any]]) -> dict[str, Verdict]:
             fixed_ratio, fixed_points = against(regimes[fixed])
             side = "above" if fixed_points > 0 else "below"
             repair = f"add {how}: {fixed} ends {fixed_ratio:.2f}x, {abs(fixed_points):.2f} points {side}"
-        verdicts[name] = Verdict(name, ratio, points, causes(r), repair)
+        verdicts[name] = Verdict(name, ratio, points, causes(name, r), repair)
     return verdicts
