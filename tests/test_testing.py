@@ -121,7 +121,8 @@ def test_scaler_settings_build_every_preset_and_reach_its_ceiling_and_floor(pres
     assert _reaches(preset, *both) == {"ceiling", "floor"}
     s = both[0]
     assert s.keys() == {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale"}
-    assert (s["min_scale"] or 0) <= s["init_scale"] <= (s["max_scale"] or math.inf)
+    assert s["init_scale"] <= (s["max_scale"] or math.inf)
+    assert (s["min_scale"] or 0) <= s["init_scale"] or PRESETS[preset].settings.get("start_below_floor", False)
 
 
 # ---- counterexamples in words ----------------------------------------------------------------------------------

@@ -17,7 +17,10 @@ float32(5) * float32(1/3) are one ulp apart.
 
 The check: after an overflow (an inf or NaN in some gradient) no weight, no optimizer
 moment and not the step count changed, bit for bit; after a clean step everything equals
-the reference (unscale, then ``optimizer.step()``), bit for bit.
+the reference (unscale, then ``optimizer.step()``), bit for bit; and after either, every
+gradient is unscaled (the one after an inf too: ``unscale_`` unscales them all).  Scales
+below 1 are drawn too, where unscaling can overflow a finite float16 gradient: a step is
+skipped when an *unscaled* gradient is not finite, so finiteness is checked after unscaling.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def check_skip(step_fn: Callable[[Any, float], Any], *, max_examples: int | None
         check_one_step(step_fn, case)
 
     overflow_changes_nothing()
-    check_one_step(step_fn, DIVIDED_BY_THREE)  # after the drawn cases, so that their messages come first
+    for case in FIXED_CASES:  # after the drawn cases, so that their messages come first; these hold whatever was drawn
+        check_one_step(step_fn, case)
 
 
 def check_one_step(step_fn: Callable[[Any, float], Any], case: dict[str, Any]) -> None:
@@ -85,13 +89,22 @@ def check_one_step(step_fn: Callable[[Any, float], Any], case: dict[str, Any]) -
         raise AssertionError(
             f"{situation(case)}: after your step {difference}: unscale every gradient (multiply by 1/scale in "
             "float32, round once to its dtype), then call optimizer.step()"
-            + (
-                " (not by dividing by the scale, as yours seems to: for a scale that is not a power of two, "
-                "g / scale and g * float32(1/scale) can be one ulp apart)"
-                if not first_difference(yours, divided)
-                else ""
-            )
+            + (DIVIDED_HINT if not first_difference(yours, divided) else "")
         )
+    gradient = first_gradient_difference(yours, expected)
+    if gradient:
+        divided = _build(case)
+        reference_step(divided, case["scale"], divide=True)
+        hint = DIVIDED_HINT if not first_gradient_difference(yours, divided) else ""
+        raise AssertionError(
+            f"{situation(case)}: after your step {gradient}: unscale every gradient (multiply by 1/scale in float32, "
+            "round once to its dtype) in place, all of them, also after an inf or NaN is found, and check "
+            f"finiteness on the unscaled values{hint}"
+        )
+
+
+DIVIDED_HINT = (" (not by dividing by the scale, as yours seems to: for a scale that is not a power of two, "
+                "g / scale and g * float32(1/scale) can be one ulp apart)")  # fmt: skip
 
 
 # a clean step with scale 3 and a float32 gradient of 5 (scaled): 5 * float32(1/3) is 1.6666667, 5 / 3 is 1.6666666
@@ -99,13 +112,27 @@ DIVIDED_BY_THREE: dict[str, Any] = dict(
     weights=[np.array([1.0], np.float32)], grads=[np.array([0.5], np.float64)], scaled=[np.array([5.0], np.float32)],
     scale=3.0, optimizer="SGD with momentum", earlier_steps=1,
 )  # fmt: skip
+# scale 2^-4: the finite float16 gradient 8192 unscales to 131072, beyond 65504: inf, so the step is skipped
+UNSCALING_OVERFLOWS: dict[str, Any] = dict(
+    weights=[np.array([1.0, -1.0], np.float16)], grads=[np.array([0.25, 0.5], np.float64)],
+    scaled=[np.array([8192.0, 1.0], np.float16)], scale=2.0**-4, optimizer="SGD with momentum", earlier_steps=1,
+)  # fmt: skip
+# an inf in the first gradient: the second must be unscaled all the same (as GradScaler.unscale_ does)
+INF_FIRST: dict[str, Any] = dict(
+    weights=[np.array([1.0], np.float32), np.array([2.0, -2.0], np.float16)],
+    grads=[np.array([0.5], np.float64), np.array([0.25, -0.25], np.float64)],
+    scaled=[np.array([np.inf], np.float32), np.array([256.0, -512.0], np.float16)], scale=2.0**10,
+    optimizer="Adam", earlier_steps=1,
+)  # fmt: skip
+FIXED_CASES = (DIVIDED_BY_THREE, UNSCALING_OVERFLOWS, INF_FIRST)
 
 
 @st.composite
 def skip_cases(draw: Any) -> dict[str, Any]:
     """Parameters (float16 or float32), scaled gradients maybe holding an inf or NaN, an optimizer, a scale."""
     scale = draw(
-        st.integers(0, 30).map(lambda k: 2.0**k)  # powers of two: unscaling is exact, except among the subnormals
+        st.integers(-8, 30).map(lambda k: 2.0**k)  # powers of two: exact, except among the subnormals and, below
+        # 1, beyond 65504, where unscaling a finite float16 gradient overflows
         | st.sampled_from([3.0, 1000.0, 1.5 * 2.0**20])  # others: 1/scale in float16 is not 1/scale in float32
         | st.floats(1.0, 2.0**24, width=32)
     )
@@ -115,7 +142,9 @@ def skip_cases(draw: Any) -> dict[str, Any]:
         shape = draw(shapes(min_dims=1, max_dims=2, max_side=4))
         weights.append(draw(hnp.arrays(dtype, shape, elements=st.floats(-2, 2, width=16))))
         scaled.append(draw(hnp.arrays(dtype, shape, elements=st.floats(-(2.0**15), 2.0**15, width=16))))
-        grads.append(scaled[-1].astype(np.float64) / scale)  # the gradients of the earlier, clean steps
+        # the gradients of the earlier, clean steps: finite in the parameter's dtype (a scale below 1 would
+        # make scaled / scale overflow float16, and those steps were not skipped)
+        grads.append(scaled[-1].astype(np.float64) / max(scale, 1.0))
     spoilers = st.tuples(
         st.integers(0, len(scaled) - 1), st.integers(0, 99), st.sampled_from([np.inf, -np.inf, np.nan])
     )
@@ -156,6 +185,22 @@ def reference_step(optimizer: Any, scale: float, divide: bool = False) -> bool:
     if finite:
         optimizer.step()
     return not finite
+
+
+def first_gradient_difference(yours: Any, expected: Any) -> str:
+    """The first gradient that differs from the reference's after the step, in words ("" if none).
+
+    Bit for bit, except that a NaN matches any NaN (its payload is not the rule's business)."""
+    for name, p, q in zip(yours.names, yours.params, expected.params):
+        a, b = np.asarray(p.grad), np.asarray(q.grad)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"the gradient of {name} has shape {a.shape} and dtype {a.dtype}, expected {b.shape} and {b.dtype}"
+        bits = f"u{a.dtype.itemsize}"
+        differ = (a.reshape(-1).view(bits) != b.reshape(-1).view(bits)) & ~(np.isnan(a) & np.isnan(b)).reshape(-1)
+        if differ.any():
+            i = np.unravel_index(int(np.flatnonzero(differ)[0]), a.shape)
+            return f"the gradient of {name}[{', '.join(map(str, i))}] is {number(a[i])}, expected {number(b[i])}"
+    return ""
 
 
 def first_difference(yours: Any, expected: Any) -> str:

@@ -631,7 +631,8 @@ def scaler_settings(draw: Any, preset: str = "pytorch") -> dict[str, Any]:
     The keywords ``init_scale, growth_factor, backoff_factor, growth_interval, min_scale,
     max_scale`` for ``LossScaler.preset(preset, **settings)`` and for a scaler under test.
     growth_interval is 1..6 (not 2000); the initial scale is a power of two between the
-    preset's bounds; the factors are 2 and 1/2, other powers of two, or any (where the
+    preset's bounds (for jmp and apex, which start below their floor when told to, down to
+    2^-4 times the floor); the factors are 2 and 1/2, other powers of two, or any (where the
     float32 rounding of ``s * factor`` shows); a preset with a floor or a ceiling gets a
     drawn one (a power of two) or its own.
     """
@@ -645,6 +646,8 @@ def scaler_settings(draw: Any, preset: str = "pytorch") -> dict[str, Any]:
     min_scale = None if p["min_scale"] is None else draw(st.just(p["min_scale"]) | floors)
     max_scale = None if p["max_scale"] is None else draw(st.just(p["max_scale"]) | ceilings)
     low = -30 if min_scale is None else math.frexp(min_scale)[1] - 1  # exponent of the floor
+    if min_scale is not None and p.get("start_below_floor"):
+        low -= 4  # these rules run a start below the floor: the first overflow lifts it there
     high = top if max_scale is None else math.frexp(max_scale)[1] - 1  # of the largest power of two <= ceiling
     usual = math.frexp(p["init_scale"])[1] - 1  # hypothesis shrinks the offset to 0: the preset's own start
     return dict(

@@ -25,13 +25,19 @@ CEILINGS = (
     dict(init_scale=2.0**10, growth_factor=4.0, backoff_factor=0.5, growth_interval=2, max_scale=2.0**13),
 )
 CEILING_FLAGS = (False, False, False, False, True, False, False, False)
+# jmp (and Apex) run a start below the floor: the scale grows as usual, and the first overflow lifts it to min_scale
+BELOW_THE_FLOOR = dict(init_scale=2.0**-4, growth_factor=2.0, backoff_factor=0.5, growth_interval=2, min_scale=1.0,
+                       max_scale=None)  # fmt: skip
+BELOW_THE_FLOOR_FLAGS = (False, False, True, False, True, True)
 
 
 def grade_dynamic_loss_scaler(scaler_class: type, examples: int) -> None:
-    """Step by step against the pytorch preset, then the jmp preset (settings drawn by scaler_settings); then
+    """Step by step against the pytorch preset, then the jmp preset (settings drawn by scaler_settings, a start
+    below jmp's floor among them); then a start below the floor on fixed settings, whatever the draws met; then
     the ceiling, max_scale, which neither preset has, against the pytorch rule with that ceiling."""
     for reference in REFERENCES:
         check_scaler(lambda **settings: scaler_class(**settings), reference, max_examples=examples)
+    below_the_floor(scaler_class)
     for settings in CEILINGS:
         reference = LossScaler.preset("pytorch", **settings)
         with blamed(f"with settings {settings}, your DynamicLossScaler"):
@@ -46,6 +52,28 @@ def grade_dynamic_loss_scaler(scaler_class: type, examples: int) -> None:
                     f"the rule says {number(reference.scale)} (settings: {settings}): a grown scale above max_scale "
                     "is lowered to max_scale"
                 )
+
+
+def below_the_floor(scaler_class: type) -> None:
+    """init_scale below min_scale, as jmp's and Apex's rules allow: kept until the first overflow lifts it."""
+    settings = BELOW_THE_FLOOR
+    reference = LossScaler.preset("jmp", **settings)
+    with blamed(f"with settings {settings}, your DynamicLossScaler"):
+        yours = scaler_class(**settings)
+    rule = ("min_scale bounds a backoff, not the start: a scale that starts below it grows as usual, and the first "
+            "overflow lifts it to min_scale (jmp's and Apex's rules)")  # fmt: skip
+    if float(yours.scale) != reference.scale:
+        raise AssertionError(f"before any step your scale is {number(yours.scale)}, the jmp rule says "
+                             f"{number(reference.scale)} (settings: {settings}): {rule}")  # fmt: skip
+    for step, found_inf in enumerate(BELOW_THE_FLOOR_FLAGS, 1):
+        reference.update(found_inf)
+        with blamed(f"with settings {settings}, at step {step}, your update({found_inf})"):
+            yours.update(found_inf)
+        if float(yours.scale) != reference.scale:
+            raise AssertionError(
+                f"after {flags_in_words(list(BELOW_THE_FLOOR_FLAGS[:step]))} your scale is {number(yours.scale)}, "
+                f"the jmp rule says {number(reference.scale)} (settings: {settings}): {rule}"
+            )
 
 
 def grade_skip_or_step(skip_or_step: Callable[[Any, float], bool], examples: int) -> None:

@@ -20,7 +20,9 @@ class DynamicLossScaler:
     Math, one step (s the scale, t the tracker, N = growth_interval):
 
     * overflow (found_inf True): s <- float32(s * backoff_factor), raised to min_scale if
-      below it; t <- 0.  No growth on that step.
+      below it; t <- 0.  No growth on that step.  min_scale bounds a backoff, not the start:
+      an init_scale below it is kept (jmp's and Apex's rules allow it) and grows as usual
+      until the first overflow lifts it to min_scale.
     * clean step: t <- t + 1; when t reaches N: t <- 0 and s <- float32(s * growth_factor),
       lowered to max_scale if above it, and not at all if float32 would make it inf (PyTorch:
       "do not grow the scale past fp32 bounds to inf").
@@ -87,10 +89,12 @@ def skip_or_step(optimizer: Any, scale: float) -> bool:
     """Exercise 5.2: unscale the gradients, then step only if all are finite; return True when skipped.
 
     Task: each parameter in ``optimizer.params`` (float16 or float32 tinyamp Tensors) holds
-    in ``.grad`` its gradient multiplied by `scale`.  Unscale every gradient in place, check
-    that all are finite, and call ``optimizer.step()`` only then.  Return True when the
-    step was skipped.  A skipped step must change no weight, no optimizer moment, and not
-    ``optimizer.step_count``.
+    in ``.grad`` its gradient multiplied by `scale`.  Unscale every gradient in place (all of
+    them, also after one that is not finite), check that all the unscaled gradients are
+    finite, and call ``optimizer.step()`` only then.  Return True when the step was skipped.
+    The check comes after unscaling: a scale below 1 makes a finite float16 gradient larger,
+    and 8192 unscaled at scale 2^-4 is 131072, beyond float16's 65504: inf.  A skipped step
+    must change no weight, no optimizer moment, and not ``optimizer.step_count``.
 
     Math: multiply by float32(1/scale), 1/scale computed in float64 and rounded once to
     float32 (for a float16 gradient: widen to float32, multiply, round once back to float16),
