@@ -209,13 +209,15 @@ for key in expected:
     assert computed[key].dtype == np.float32  # the dtype of the tensor, not of the hand computation
 
 # %% [markdown]
-# After the walk, each node has freed what it saved (and let go of its inputs), so the memory
-# of the activations is returned as the backward pass moves toward the leaves. A second
-# backward through the same graph is therefore an error, not a silent reuse of freed data.
+# After the walk, each node that saved arrays for its backward (here Mul and Tanh) has freed
+# them, so the memory of the activations is returned as the backward pass moves toward the
+# leaves; nodes that saved nothing (Add, Sum) have nothing to free. A second backward
+# through the same graph is therefore an error, not a silent reuse of freed data.
 # `retain_graph=True` on the first call keeps everything, at the price of the memory.
 
 # %%
 assert all(fn.saved is None for fn in order if fn.name in ("Mul", "Tanh"))
+assert all(not fn.saved for fn in order if fn.name in ("Add", "Sum"))  # they never held an array
 try:
     L.backward()
     raise AssertionError("a second backward should have failed")

@@ -10,8 +10,8 @@
 #
 # You will learn:
 #
-# - the exact rule for a lost update: where "2048 times" comes from, why it is the best case,
-#   and the role of ties-to-even;
+# - the exact rule for a lost update: where "2048 times" comes from, why it is the worst case
+#   (the smallest ratio at which an update is lost), and the role of ties-to-even;
 # - how `tinyamp.amp.MasterWeights` wraps an optimizer, what each copy holds, and what it costs
 #   in memory;
 # - how many updates the masters save at each step of a real training run, and that the run
@@ -133,7 +133,8 @@ assert np.allclose(thresholds["away from zero"], 2048 * weights / 2**binade, rto
 #   end; toward zero the same, except at the power of two itself, where it is 4096 (but 2048 at
 #   $2^{-14}$, whose neighbours below are subnormals as far apart as the values above).
 #
-# The "2048" usually quoted is therefore where losses *begin*: the best case for the update.
+# The "2048" usually quoted is therefore where losses *begin*: the worst case for the update,
+# met only by a weight at a power of two; at the top of a binade the ratio is nearly 4096.
 # (For BF16, with 7 mantissa bits instead of 10, the same numbers are 256 and 512.) One
 # detail matters right at the threshold: the numbers above round the sum once. tinyamp's
 # optimizers, and `formats.update_is_lost` with them, add the update to the widened weight in

@@ -306,10 +306,12 @@ assert all(e.found_inf and e.event == "held" and e.scale_after == e.scale_before
 assert len(static.history) == 3 and static.state == "static"
 
 # %% [markdown]
-# The static scaler skips, correctly, and skips again, for ever: its scale never moves, so a
-# scale that overflows once overflows every step. A scale small enough never to overflow
-# must be guessed per model, and the best one changes during training as the gradients
-# shrink. Hence dynamic loss scaling.
+# The static scaler skips, correctly, and skips again: its scale never moves, so it goes on
+# overflowing for as long as the gradients stay as large (here, from the untrained network, at
+# $2^{28}$, on every step; a smaller static scale may overflow on some steps and not on others,
+# since each step's gradients differ). A scale small enough never to overflow must be guessed
+# per model, and the best one changes during training as the gradients shrink. Hence dynamic
+# loss scaling.
 #
 # ## 3. The dynamic scaler, one transition at a time
 #

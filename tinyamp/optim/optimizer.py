@@ -3,7 +3,7 @@
 ``step()`` reads each parameter's ``.grad`` and updates ``.data`` *in place*: the array
 a parameter holds is never replaced, so anything that refers to it stays valid.  The
 update rules (``update``) are plain NumPy/CuPy arithmetic on arrays, written with
-in-place operators so that a step allocates at most one temporary per parameter.
+in-place operators to keep a step's temporaries few (a 16-bit weight adds its FP32 copies).
 
 Low precision: the state (momentum, Adam moments) of a float16 or bfloat16 parameter
 is kept in float32, and its update is computed in float32 and rounded once when it is

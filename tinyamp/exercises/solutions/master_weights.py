@@ -65,9 +65,10 @@ def master_step(
       their update (new_master - master), added to w16 in float32 and rounded to float16,
       leaves w16 unchanged.  Those are the updates FP16 training without a master drops.
 
-    Math: float16 keeps 11 significant bits, so an update more than 2048 times smaller than
-    its weight is lost; float32 keeps 24, and the master adds up the small updates until
-    they move the float16 copy.
+    Math: float16 keeps 11 significant bits, so an update 4096 or more times smaller than a
+    normal weight is always lost, and one under 2048 times smaller never is (in between it
+    depends on the weight's place in its binade: tutorial 4, section 1); float32 keeps 24,
+    and the master adds up the small updates until they move the float16 copy.
 
     Read: tutorials/04_fp32_master_weights.py, sections 2 and 3 (master weights on one
     weight, then on the digits MLP).
