@@ -15,8 +15,9 @@
 #   of FP32, FP16 and BF16, and where each comes from;
 # - round to nearest, ties to even, and what overflow (65520 becomes inf) and underflow
 #   ($2^{-25}$ becomes 0) look like in FP16;
-# - the unit in the last place (ulp) at a value, and why an addend smaller than half the gap to
-#   the next value in its direction disappears: $2048 + 1 = 2048$, but $2048 - 0.6 = 2047$, and a
+# - the unit in the last place (ulp) at a value, and why an addend at most half the gap to the
+#   next value in its direction disappears (at exactly half, a tie, the even neighbour wins):
+#   $2048 + 1 = 2048$ (a tie: the gap above 2048 is 2), but $2048 - 0.6 = 2047$, and a
 #   running sum of 0.01 stops growing at 32;
 # - why the product of two FP16 numbers is exact in FP32, and why a matrix product of FP16
 #   matrices accumulates in FP32 and rounds once: what every later tutorial's FP16 matmul does.
@@ -229,7 +230,7 @@ assert formats.round_to(2.0**-25) == 0 and formats.classify(2.0**-25) == "underf
 assert formats.round_to(2.0**-25 * 1.001) == 2.0**-24
 # a subnormal loses relative precision: 1e-7 is stored with an error of tens of percent
 assert abs(formats.round_to(1e-7) - 1e-7) / 1e-7 > 0.1
-assert abs(formats.round_to(1e-3) - 1e-3) / 1e-3 < FP16.epsilon  # a normal value: under 2^-10
+assert abs(formats.round_to(1e-3) - 1e-3) / 1e-3 < FP16.epsilon / 2  # a normal value: under 2^-11, half an ulp
 
 # %% [markdown]
 # Gradients in deep networks are often that small. Micikevicius et al. (2018, Figure 3)
@@ -288,7 +289,7 @@ for x in (1.0, 1.5, 2.0, 1000.0, 2048.0, 65504.0, 1e-6):
     )
 
 rng = np.random.default_rng(0)
-samples = 2.0 ** rng.uniform(-30, 15.9, size=400)  # from deep in the subnormals to just under 65504
+samples = 2.0 ** rng.uniform(-30, 15.9, size=400)  # from below the subnormals (2^-30 rounds to 0) to under 65504
 for name, dtype in (("float16", np.float16), ("float32", np.float32)):
     ours = np.array([formats.ulp(x, name) for x in samples])
     numpys = np.spacing(samples.astype(dtype)).astype(np.float64)

@@ -67,8 +67,9 @@ for x in (1.0, -2.5, 0.1, 1 / 3, 1e5):
 # $2^{E-10}$, and FP32's ulp at $B = 2^{E+13}$ is $2^{E+13-23} = 2^{E-10}$: the same. So in FP32
 # arithmetic $(|x| + B) - B$ is $|x|$ rounded to FP16, by the hardware's own round to nearest,
 # ties to even. Below $2^{-14}$ FP16's ulp stops shrinking at $2^{-24}$, so $B$ stops at
-# $2^{-1}$. We check it on 100,000 values spread over FP16's whole range, and on the ties of
-# tutorial 1.
+# $2^{-1}$. We check it on 100,000 values whose magnitudes are spread evenly in $\log_2$ from
+# $2^{-27}$ (below FP16's smallest subnormal: they round to 0) up to 65520 (where FP16
+# overflows), and on the ties of tutorial 1.
 
 
 # %%
@@ -82,8 +83,10 @@ def round_by_addition(x: np.ndarray) -> np.ndarray:
 
 rng = np.random.default_rng(0)
 ties = np.array([2049, 2051, 1 + 2**-11, 1 + 3 * 2**-11, 3 * 2**-25, 2**-25, 0], np.float32)
-samples = np.concatenate([ties, -ties, rng.standard_normal(100_000) * 10.0 ** rng.integers(-9, 4, 100_000)])
+spread = rng.choice([-1.0, 1.0], 100_000) * 2.0 ** rng.uniform(-27, np.log2(65520), 100_000)
+samples = np.concatenate([ties, -ties, spread])
 samples = samples[np.abs(samples) < 65520].astype(np.float32)  # beyond: inf, a case of its own
+assert (np.abs(samples) < 2.0**-25).any() and np.abs(samples).max() > 32768  # the whole range, both ends
 by_addition = round_by_addition(samples)
 print(f"fp16(2049) by addition: {by_addition[0]},  fp16(3 * 2^-25): {by_addition[4]:.3e} = 2^-23")
 assert np.array_equal(by_addition, samples.astype(np.float16).astype(np.float32))  # every value, every tie
