@@ -338,3 +338,11 @@ def test_two_roundings_differ_from_one_only_on_a_tie_and_keep_the_bounds(wu: tup
         assert abs(float(u32)) <= abs(w) * 2.0**-11 * (1 + 2.0**-12)
     if abs(w) >= 4096 * abs(float(u32)):
         assert twice
+
+
+def test_the_largest_lost_update_is_two_to_the_minus_11_times_one_plus_two_to_the_minus_13() -> None:
+    """lost_updates.py's bound, tight: rounded first to float32, 2^-11 + 2^-24 lands on the FP16 tie 1 + 2^-11
+    (and goes to the even neighbour, 1); the next float32 above it moves the weight."""
+    largest = np.float32(2.0**-11 * (1 + 2.0**-13))
+    assert formats.update_is_lost(1.0, float(largest))
+    assert not formats.update_is_lost(1.0, float(np.nextafter(largest, np.float32(1))))
