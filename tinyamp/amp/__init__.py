@@ -12,6 +12,7 @@
 
 from tinyamp import policy
 from tinyamp.amp import formats
+from tinyamp.amp.hysteresis import HysteresisEvent, HysteresisScaler, LossScaleFloorError
 from tinyamp.amp.loss_scale import ScaleEvent, ScaleRule
 from tinyamp.amp.lost_updates import UpdateRecord, lost_updates
 from tinyamp.amp.master import MasterWeights
@@ -27,5 +28,6 @@ __all__ = [
     "formats", "policy", "autocast", "is_autocast_enabled", "CastRecord", "DEFAULT_POLICY", "format_policy",
     "MasterWeights", "MasterWeightsStateError", "UpdateRecord", "lost_updates",
     "LossScaler", "ScaleEvent", "ScaleRule", "StepReport", "ScalerOrderError", "ScalerStateError",
-    "PRESETS", "presets_table", "save_checkpoint", "load_checkpoint", "CheckpointError",
+    "PRESETS", "presets_table", "HysteresisScaler", "HysteresisEvent", "LossScaleFloorError",
+    "save_checkpoint", "load_checkpoint", "CheckpointError",
 ]  # fmt: skip
