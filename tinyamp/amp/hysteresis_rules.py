@@ -37,8 +37,8 @@ megatron-core 0.16.1 ``megatron/core/optimizer/grad_scaler.py``, DeepSpeed 0.19.
 
 When the run stops at the floor (DeepSpeed, fairseq) the scaler raises ``LossScaleFloorError`` and
 changes nothing.  fairseq's own scaler keeps its scale there too but has already updated
-``last_overflow_iter``, ``overflows_since_rescale`` and ``last_rescale_iter`` (not ``iter``):
-counters no later step reads, as the error ends its run.
+``last_overflow_iter`` and ``overflows_since_rescale`` (and, when it backed off, ``last_rescale_iter``;
+not ``iter``): counters no later step reads, as the error ends its run.
 
 The state after each transition (the first matching row wins): "tolerated", the step overflowed
 and the scale did not back off; "at_floor", the scale equals the floor (``min_scale``; fairseq's
@@ -46,7 +46,8 @@ and the scale did not back off; "at_floor", the scale equals the floor (``min_sc
 
 Kept on purpose: none of the three libraries checks that a grown scale is finite; here, as in
 PyTorch, a growth to inf is refused and the scale kept (event "hit_ceiling").  At the defaults the
-first inf would come after 96,000 clean steps (Megatron, float32 from 2^32) or about a million.
+first inf would come after 96,000 clean steps (Megatron, float32 from 2^32), about a million
+(DeepSpeed, float64 from 2^16) or two million (fairseq, from 2^15).
 """
 
 from __future__ import annotations
