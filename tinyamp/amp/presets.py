@@ -232,6 +232,10 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
     }
 )
 """name -> ScalerPreset.  Read-only: copy ``dict(PRESETS[name].settings)`` to change one."""
+CLASSIC_PRESETS = tuple(name for name, p in PRESETS.items() if p.library is None)
+"""The presets that back off at the first overflow: a plain LossScaler, its rule a ``ScaleRule``."""
+HYSTERESIS_PRESETS = tuple(name for name, p in PRESETS.items() if p.library is not None)
+"""megatron, deepspeed, fairseq: a ``HysteresisScaler`` (amp/hysteresis.py), settings by the library's names."""
 
 
 def presets_table() -> str:

@@ -640,6 +640,9 @@ def scaler_settings(draw: Any, preset: str = "pytorch") -> dict[str, Any]:
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; the presets are {', '.join(PRESETS)}")
+    if PRESETS[preset].library is not None:
+        raise ValueError(f"{preset} is a hysteresis rule with settings of its own names: draw them with "
+                         f"hysteresis_settings({preset!r})")  # fmt: skip
     p = PRESETS[preset].settings
     top = 127 if p["scale_dtype"] == "float32" else 1023  # the largest power of two the scale can hold
     floors, ceilings = st.integers(-8, 4).map(_power_of_two), st.integers(4, 30).map(_power_of_two)
