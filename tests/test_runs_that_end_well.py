@@ -102,6 +102,30 @@ def test_a_run_that_skips_most_of_its_steps_says_so_and_exits_3() -> None:
     assert "297 of 300 steps were skipped for non-finite gradients, more than 50%: the run did not train" in said
 
 
+@pytest.mark.parametrize(
+    "scaler, sentence",
+    [
+        ("deepspeed", "deepspeed: a step overflowed at loss scale 1, which is already min_scale=1, and "
+                      "raise_error_at_min_scale=True ends the run here"),
+        ("fairseq", "would be at or below min_loss_scale=0.0001: fairseq ends the run here ('Minimum loss scale "
+                    "reached')"),
+    ],
+)  # fmt: skip
+def test_a_hysteresis_scaler_at_its_floor_ends_the_run_with_its_sentence_and_exits_3(
+    tmp_path: Path, scaler: str, sentence: str
+) -> None:
+    # lr 10 overflows at every step once the weights blow up: the scale backs off to the library's floor, which raises
+    out = tmp_path / "run"
+    done = tinyamp("train", "--lr", "10", "--steps", "300", "--scaler", scaler, "--quiet", "--out", str(out))
+    assert done.returncode == 3, done.stderr
+    said = one_line(done.stderr, "tinyamp: the run diverged: ")
+    assert sentence in said
+    step = assert_diverged_run_kept(out, 300)
+    again = tinyamp("train", "--resume", str(out / "checkpoint.npz"), "--quiet", "--out", str(tmp_path / "again"))
+    assert again.returncode == 3, again.stderr  # the checkpoint's HysteresisScaler resumes, and meets its floor again
+    assert sentence in one_line(again.stderr, "tinyamp: the run diverged: ") and step > 0
+
+
 def test_a_diverging_distributed_run_says_it_once_exits_3_on_every_rank_and_keeps_its_last_good_step(
     tmp_path: Path,
 ) -> None:

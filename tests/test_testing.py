@@ -3,6 +3,7 @@ fails wrong code with the counterexample in words."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 import tinyamp as ta
 from tinyamp import kernels
 from tinyamp.amp import LossScaler, MasterWeights, formats
-from tinyamp.amp.presets import PRESETS
+from tinyamp.amp.presets import CLASSIC_PRESETS, HYSTERESIS_PRESETS, PRESETS
 from tinyamp.function import Function
 from tinyamp.optim import SGD
 from tinyamp.rounding import round_to_float16
@@ -111,7 +112,7 @@ def _reaches(preset: str, settings_: dict[str, Any], flags: list[bool]) -> set[s
     return seen
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", CLASSIC_PRESETS)
 def test_scaler_settings_build_every_preset_and_reach_its_ceiling_and_floor(preset: str) -> None:
     both = find(
         st.tuples(strategies.scaler_settings(preset), strategies.overflow_flags()),
@@ -123,6 +124,17 @@ def test_scaler_settings_build_every_preset_and_reach_its_ceiling_and_floor(pres
     assert s.keys() == {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale"}
     assert s["init_scale"] <= (s["max_scale"] or math.inf)
     assert (s["min_scale"] or 0) <= s["init_scale"] or PRESETS[preset].settings.get("start_below_floor", False)
+
+
+@pytest.mark.parametrize("preset", HYSTERESIS_PRESETS)
+def test_scaler_settings_sends_a_hysteresis_preset_to_hysteresis_settings(preset: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        find(strategies.scaler_settings(preset), lambda _: True)
+    assert re.fullmatch(
+        rf"{preset} is a hysteresis rule .*hysteresis_settings\('{preset}'\)", str(refused.value).splitlines()[0]
+    )
+    s = find(strategies.hysteresis_settings(preset), lambda _: True)
+    assert LossScaler.preset(preset, **s).config == {"library": preset, **LossScaler.preset(preset, **s).rule.settings}
 
 
 # ---- counterexamples in words ----------------------------------------------------------------------------------
@@ -186,6 +198,69 @@ class PyTorchRule:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.scale, self.growth_tracker = d["scale"], d["tracker"]
+
+
+class MegatronRule:
+    """A minimal scaler with Megatron-LM's rule (DynamicGradScaler), and a switch for the classic mistake."""
+
+    def __init__(self, mistake: str = "", **s: Any) -> None:
+        self.s, self.mistake = s, mistake
+        self.scale = float(np.float32(s["initial_scale"]))
+        self.growth_tracker, self.hysteresis_tracker = 0, s["hysteresis"]
+
+    def update(self, found_inf: bool) -> None:
+        s, f32 = self.s, np.float32
+        if found_inf:
+            self.growth_tracker, self.hysteresis_tracker = 0, self.hysteresis_tracker - 1
+            if self.hysteresis_tracker <= 0:
+                self.scale = float(max(f32(self.scale) * f32(s["backoff_factor"]), f32(s["min_scale"])))
+            return
+        self.growth_tracker += 1
+        if self.mistake == "counter restored on every clean step":
+            self.hysteresis_tracker = s["hysteresis"]
+        if self.growth_tracker == s["growth_interval"]:
+            self.growth_tracker, self.hysteresis_tracker = 0, s["hysteresis"]
+            with np.errstate(over="ignore"):
+                grown = float(f32(self.scale) * f32(s["growth_factor"]))
+            self.scale = grown if math.isfinite(grown) else self.scale
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "trackers": (self.growth_tracker, self.hysteresis_tracker)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.scale, (self.growth_tracker, self.hysteresis_tracker) = d["scale"], d["trackers"]
+
+
+def test_check_scaler_passes_a_megatron_scaler_and_catches_a_counter_restored_on_every_clean_step() -> None:
+    check_scaler(lambda **s: MegatronRule(**s), "megatron", counter="hysteresis_tracker", max_examples=FEW)
+    with pytest.raises(AssertionError) as caught:
+        check_scaler(lambda **s: MegatronRule("counter restored on every clean step", **s), "megatron",
+                     counter="hysteresis_tracker", max_examples=200)  # fmt: skip
+    said = str(caught.value)
+    assert re.search(r"^after .*overflows? and \d+ clean steps? your hysteresis_tracker is \d+, the rule's "
+                     r"hysteresis_tracker is -?\d+: a clean step restores the hysteresis_tracker only when the scale "
+                     r"grows, not at every clean step", said), said  # fmt: skip
+    assert "(settings: initial_scale=" in said
+
+
+def test_check_scaler_needs_a_hysteresis_rule_to_raise_where_the_library_ends_the_run() -> None:
+    class NeverRaises:
+        def __init__(self, **s: Any) -> None:
+            self.scaler = LossScaler.preset("deepspeed", **s)
+
+        def update(self, found_inf: bool) -> None:
+            with contextlib.suppress(FloatingPointError):
+                self.scaler.update(found_inf)
+
+        scale = property(lambda self: self.scaler.scale)
+        hysteresis = property(lambda self: self.scaler.hysteresis)
+
+    with pytest.raises(
+        AssertionError,
+        match=r"'s update\(True\) returned, but the deepspeed rule ends the run here "
+        r"with an error \(deepspeed: a step overflowed at loss scale",
+    ):
+        check_scaler(lambda **s: NeverRaises(**s), "deepspeed", round_trip=False, max_examples=200)
 
 
 def test_check_scaler_passes_a_correct_scaler_of_someone_elses() -> None:

@@ -35,7 +35,7 @@ from threadpoolctl import threadpool_limits
 
 import tinyamp as ta
 from tinyamp import nn, optim
-from tinyamp.amp import PRESETS, LossScaler, MasterWeights, autocast, formats, presets_table
+from tinyamp.amp import CLASSIC_PRESETS, LossScaler, MasterWeights, autocast, formats, presets_table
 from tinyamp.amp.loss_scale import EVENTS, STATES
 from tinyamp.cli import DEMO_MEASURE_EVERY, DEMO_MLP_STEPS
 from tinyamp.data import load_digits
@@ -523,7 +523,7 @@ overflow[2500] = True
 overflow[22000:22030] = True
 
 trajectories: dict[str, np.ndarray] = {}
-for name in PRESETS:
+for name in CLASSIC_PRESETS:  # the five that back off at the first overflow; megatron, deepspeed, fairseq wait
     s = LossScaler.preset(name)
     for found_inf in overflow:
         s.update(bool(found_inf))

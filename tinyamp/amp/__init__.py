@@ -12,11 +12,12 @@
 
 from tinyamp import policy
 from tinyamp.amp import formats
+from tinyamp.amp.hysteresis import HysteresisEvent, HysteresisScaler, LossScaleFloorError
 from tinyamp.amp.loss_scale import ScaleEvent, ScaleRule
 from tinyamp.amp.lost_updates import UpdateRecord, lost_updates
 from tinyamp.amp.master import MasterWeights
 from tinyamp.amp.master_state import MasterWeightsStateError
-from tinyamp.amp.presets import PRESETS, presets_table
+from tinyamp.amp.presets import CLASSIC_PRESETS, HYSTERESIS_PRESETS, PRESETS, presets_table
 from tinyamp.amp.scaler import LossScaler, ScalerOrderError, StepReport
 from tinyamp.amp.scaler_checks import ScalerStateError
 from tinyamp.amp.training_state import CheckpointError, load_checkpoint, save_checkpoint
@@ -27,5 +28,7 @@ __all__ = [
     "formats", "policy", "autocast", "is_autocast_enabled", "CastRecord", "DEFAULT_POLICY", "format_policy",
     "MasterWeights", "MasterWeightsStateError", "UpdateRecord", "lost_updates",
     "LossScaler", "ScaleEvent", "ScaleRule", "StepReport", "ScalerOrderError", "ScalerStateError",
-    "PRESETS", "presets_table", "save_checkpoint", "load_checkpoint", "CheckpointError",
+    "PRESETS", "CLASSIC_PRESETS", "HYSTERESIS_PRESETS", "presets_table",
+    "HysteresisScaler", "HysteresisEvent", "LossScaleFloorError",
+    "save_checkpoint", "load_checkpoint", "CheckpointError",
 ]  # fmt: skip

@@ -55,6 +55,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from tinyamp.amp.hysteresis_rules import DeepSpeedRule as _deepspeed
+from tinyamp.amp.hysteresis_rules import FairseqRule as _fairseq
+from tinyamp.amp.hysteresis_rules import MegatronRule as _megatron
 from tinyamp.amp.loss_scale import round_scale
 
 
@@ -93,6 +96,7 @@ class ScalerPreset:
     source: str  # one line: which class in which library, and the rule in words
     settings: Mapping[str, Any] = field(default_factory=dict)
     reads: Callable[[dict[str, Any]], dict[str, Any]] = _as_given  # overridden settings, as the library reads them
+    library: str | None = None  # a hysteresis rule (amp/hysteresis.py): settings by the library's own names
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
@@ -100,6 +104,16 @@ class ScalerPreset:
     def kwargs(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """The LossScaler keyword arguments: the settings with `overrides` on top, read as the library reads them."""
         return self.reads({**self.settings, **overrides})
+
+    def build(self, cls: Any, overrides: Mapping[str, Any]) -> Any:
+        """The scaler: ``cls(**self.kwargs(overrides))``, or for a hysteresis rule a ``HysteresisScaler``."""
+        if self.library is None:
+            return cls(**self.kwargs(overrides))
+        return HYSTERESIS_SCALER[0](self.library, **overrides)
+
+
+HYSTERESIS_SCALER: list[Any] = []  # [HysteresisScaler], put there by amp/hysteresis.py (it imports LossScaler,
+# which imports this module); tinyamp.amp imports it, so that it is there before any preset is built
 
 
 PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
@@ -186,29 +200,67 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
                     growth_rule="per_step",
                 ),
             ),
+            ScalerPreset(
+                "megatron",
+                "Megatron-LM DynamicGradScaler (megatron-core 0.16.1, megatron/core/optimizer/grad_scaler.py): "
+                "float32 scale 2^32, x0.5 (floor min_scale=1) once hysteresis=2 overflows since the last growth "
+                "(not only consecutive ones: the counter is restored only when the scale grows), "
+                "x2 after growth_interval=1000 clean steps",
+                _megatron.DEFAULTS,
+                library="megatron",
+            ),
+            ScalerPreset(
+                "deepspeed",
+                "DeepSpeed DynamicLossScaler (0.19.8, deepspeed/runtime/fp16/loss_scaler.py; fp16 config "
+                "defaults): 2^16, /2 (floor min_scale=1) at the overflow that finds cur_hysteresis at 1 "
+                "(delayed_shift=2: one tolerated), restored at each growth, or at each clean step with "
+                "consecutive_hysteresis; x2 at the (scale_window=1000)+1-th clean step after an overflow, then "
+                "every 1000; raise_error_at_min_scale: an overflow at the floor ends the run",
+                _deepspeed.DEFAULTS,
+                library="deepspeed",
+            ),
+            ScalerPreset(
+                "fairseq",
+                "fairseq DynamicLossScaler (0.12.2, fairseq/optim/dynamic_loss_scaler.py; the class's defaults): "
+                "2^15, /scale_factor=2 when the overflows since the last backoff are >= tolerance=0 of the "
+                "steps since the last rescale, x2 after scale_window=2000 clean steps, threshold=None below; "
+                "a new scale <= min_loss_scale=1e-4 ends the run",
+                _fairseq.DEFAULTS,
+                library="fairseq",
+            ),
         )
     }
 )
 """name -> ScalerPreset.  Read-only: copy ``dict(PRESETS[name].settings)`` to change one."""
+CLASSIC_PRESETS = tuple(name for name, p in PRESETS.items() if p.library is None)
+"""The presets that back off at the first overflow: a plain LossScaler, its rule a ``ScaleRule``."""
+HYSTERESIS_PRESETS = tuple(name for name, p in PRESETS.items() if p.library is not None)
+"""megatron, deepspeed, fairseq: a ``HysteresisScaler`` (amp/hysteresis.py), settings by the library's names."""
 
 
 def presets_table() -> str:
-    """The presets as a plain-text table (one row per preset, then its source line)."""
+    """The presets as a plain-text table: a row per preset, the hysteresis rules' settings, then each source line."""
     columns = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale")
     extra = ("scale_dtype", "warmup", "growth_rule", "start_below_floor")
     header = ["preset", *columns, *extra]
     rows = []
-    for p in PRESETS.values():
+    for p in (p for p in PRESETS.values() if p.library is None):
         s = p.settings
         rows.append([p.name, *(_fmt(s.get(c)) for c in columns), *(_fmt(s.get(c, _DEFAULTS[c])) for c in extra)])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    lines += ["", "hysteresis rules (tinyamp/amp/hysteresis_rules.py), their settings by the library's own names, "
+              "and the counter that lets an overflow pass without backing off:"]  # fmt: skip
+    for p in (p for p in PRESETS.values() if p.library is not None):
+        settings = ", ".join(f"{k}={_fmt(v)}" for k, v in p.settings.items())
+        lines.append(f"{p.name}: {settings}; counter {_COUNTER[p.name]}")
     lines.append("")
     lines += [f"{p.name}: {p.source}" for p in PRESETS.values()]
     return "\n".join(lines)
 
 
+_COUNTER = {"megatron": "hysteresis_tracker", "deepspeed": "cur_hysteresis", "fairseq": "overflows_since_rescale"}
 _DEFAULTS = {"scale_dtype": "float64", "warmup": False, "growth_rule": "interval", "start_below_floor": False}
 
 

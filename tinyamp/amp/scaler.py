@@ -104,14 +104,14 @@ class LossScaler:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> LossScaler:
-        """A scaler following a published rule: "pytorch", "apex", "keras", "jmp" or "chainer".
+        """A scaler following a published rule: one of ``presets.PRESETS`` ("pytorch", ..., "megatron").
 
         ``overrides`` replace single settings: ``LossScaler.preset("pytorch", growth_interval=100)``,
         read as that library reads them (``presets.py`` says how).
         """
         if name not in PRESETS:
             raise ValueError(f"unknown loss-scaler preset {name!r}; the presets are {', '.join(PRESETS)}")
-        return cls(**PRESETS[name].kwargs(overrides))
+        return PRESETS[name].build(cls, overrides)  # megatron, deepspeed, fairseq: a HysteresisScaler
 
     # ---- the state machine ----------------------------------------------------------------------
     def update(self, found_inf: bool) -> ScaleEvent:

@@ -23,7 +23,7 @@ PRECISIONS = (
     *("fp32", "fp16", "fp16-scaled", "fp16-master", "mixed", "bf16", "bf16-mixed"),
     *("fp8", "fp8-current", "mxfp8"),
 )
-SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "static", "off")
+SCALERS = ("pytorch", "apex", "keras", "jmp", "chainer", "megatron", "deepspeed", "fairseq", "static", "off")
 SCHEDULES = ("cosine", "constant")
 MAX_SEED = 2**63 - 1  # NumPy's generators take any non-negative integer; this bound keeps it an int64
 # A checkpoint keeps the loss scaler's history of every step (about 500 bytes of parsed

@@ -14,7 +14,8 @@ line where your code raised, not the frames of tinyamp.testing and hypothesis th
 them (``counterexamples.reported_at_the_call``).
 
 * ``check_scaler(make_scaler, reference=...)``: a loss-scale rule, step by step, against a preset
-  (PyTorch's own ``torch.amp.GradScaler`` through ``tinyamp.testing.pytorch.GradScalerAdapter``);
+  (PyTorch's own ``torch.amp.GradScaler`` through ``tinyamp.testing.pytorch.GradScalerAdapter``;
+  ``reference="megatron" | "deepspeed" | "fairseq"``: a hysteresis rule, with the library's settings);
 * ``check_rounding(fn, fmt)``: float32 -> FP16 or BF16, bit for bit, on every FP16 pattern and more;
 * ``check_backward(fn)``: a backward against float64 finite differences on drawn shapes;
 * ``check_skip(step_fn)``: an overflowed step changes no weight and no optimizer moment;

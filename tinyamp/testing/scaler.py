@@ -46,26 +46,41 @@ from tinyamp.testing.strategies import scaler_settings
 LONGEST_RUN = 300  # flags in one rule: from 2^-30 to float32's ceiling is 157 growths
 
 
+class _DefaultCounter(str):
+    """The counter a caller did not name: growth_tracker, or for a hysteresis reference, hysteresis."""
+
+
+_DEFAULT_COUNTER = _DefaultCounter("growth_tracker")
+
+
 @reported_at_the_call
 def check_scaler(
     make_scaler: Callable[..., Any],
     reference: str = "pytorch",
     *,
-    counter: str | None = "growth_tracker",
+    counter: str | None = _DEFAULT_COUNTER,
     round_trip: bool = True,
     max_examples: int | None = None,
     steps: int = 30,
 ) -> None:
     """Compare the scaler `make_scaler(**settings)` builds with the preset `reference`, step by step.
 
-    `reference` is one of ``tinyamp.amp.PRESETS`` (pytorch, apex, keras, jmp, chainer).
+    `reference` is one of ``tinyamp.amp.PRESETS`` (pytorch, apex, keras, jmp, chainer); for megatron,
+    deepspeed and fairseq the settings are the library's own, and `counter` (by default ``hysteresis``)
+    names the library's hysteresis counter (``testing/scaler_hysteresis.py`` says what is checked).
     `steps` is the number of rules per example (each one flag, or a run of up to 300);
     `max_examples` defaults to the loaded hypothesis profile's.  Raises AssertionError
     with the shortest counterexample hypothesis finds, in words.
     """
     if reference not in PRESETS:
         raise ValueError(f"unknown reference rule {reference!r}; the presets are {', '.join(PRESETS)}")
-    machine = _scaler_machine(make_scaler, reference, counter, round_trip)
+    if PRESETS[reference].library is not None:
+        from tinyamp.testing.scaler_hysteresis import hysteresis_machine
+
+        counter = "hysteresis" if isinstance(counter, _DefaultCounter) else counter
+        machine = hysteresis_machine(make_scaler, reference, counter, round_trip)
+    else:
+        machine = _scaler_machine(make_scaler, reference, counter, round_trip)
     run_state_machine_as_test(machine, settings=check_settings(max_examples, stateful_step_count=steps))
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "tensor_core_shape_pairs", "mlp_sizes", "depth_and_segment", "float32_bit_patterns", "float16_bit_patterns",
     "multiples_of_smallest_subnormal", "draw_sizes", "FP8_FORMAT_NAMES", "fp8_rounding_points", "fp8_format_names",
     "fp8_rounding_arrays", "amax_values", "scaling_recipe_settings", "delayed_scaling_settings", "amax_sequences",
+    "hysteresis_settings",
 ]  # fmt: skip
 
 MAX_SIDE = 5
@@ -640,6 +641,9 @@ def scaler_settings(draw: Any, preset: str = "pytorch") -> dict[str, Any]:
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; the presets are {', '.join(PRESETS)}")
+    if PRESETS[preset].library is not None:
+        raise ValueError(f"{preset} is a hysteresis rule with settings of its own names: draw them with "
+                         f"hysteresis_settings({preset!r})")  # fmt: skip
     p = PRESETS[preset].settings
     top = 127 if p["scale_dtype"] == "float32" else 1023  # the largest power of two the scale can hold
     floors, ceilings = st.integers(-8, 4).map(_power_of_two), st.integers(4, 30).map(_power_of_two)
@@ -658,6 +662,32 @@ def scaler_settings(draw: Any, preset: str = "pytorch") -> dict[str, Any]:
         min_scale=min_scale,
         max_scale=max_scale,
     )
+
+
+@st.composite
+def hysteresis_settings(draw: Any, library: str) -> dict[str, Any]:
+    """Settings of Megatron's, DeepSpeed's or fairseq's rule (by their own names) that a few dozen steps exercise.
+
+    Windows of 1..5 steps, hysteresis of 1..4, a power-of-two start with a floor 0..8 halvings
+    below it; DeepSpeed's two switches and fairseq's tolerance (0, or a fraction) and threshold drawn.
+    """
+    exponent = draw(st.integers(-4, 20))
+    start, halvings = 2.0**exponent, draw(st.integers(0, 8))
+    window = draw(st.integers(1, 5))
+    if library == "megatron":
+        return dict(initial_scale=start, min_scale=start / 2.0**halvings, growth_interval=window,
+                    hysteresis=draw(st.integers(1, 4)), growth_factor=draw(st.sampled_from([2.0, 4.0, 1.5])),
+                    backoff_factor=draw(st.sampled_from([0.5, 0.25, 0.7])))  # fmt: skip
+    if library == "deepspeed":
+        return dict(init_scale=start, min_scale=start / 2.0**halvings, scale_window=window,
+                    delayed_shift=draw(st.integers(1, 4)), consecutive_hysteresis=draw(st.booleans()),
+                    raise_error_at_min_scale=draw(st.booleans()))  # fmt: skip
+    if library == "fairseq":
+        threshold = draw(st.none() | st.just(start / 2.0**halvings))
+        return dict(init_scale=start, scale_factor=draw(st.sampled_from([2.0, 4.0])), scale_window=window,
+                    tolerance=draw(st.sampled_from([0.0, 0.25, 0.5, 1.0])), threshold=threshold,
+                    min_loss_scale=start / 2.0 ** draw(st.integers(1, 9)))  # fmt: skip
+    raise ValueError(f"unknown hysteresis rule {library!r}; the rules are megatron, deepspeed, fairseq")
 
 
 # ---- FP8: formats and per-tensor scaling (tests/test_fp8_*.py, check_delayed_scaling, Exercises 10.x) -----
