@@ -8,6 +8,7 @@ its mpi4py anyway, and say where it looked when there is none.
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -29,19 +30,62 @@ def fake_mpiexec(folder: Path, says: str) -> Path:
     return path
 
 
+def venv_over_this_python(folder: Path) -> Path:
+    """A real venv at ``folder`` that imports this test's packages (numpy, mpi4py); its ``bin/python``.
+
+    Its python is a link to the base interpreter, as in any venv.  A bare link to sys.executable
+    would not do: without a pyvenv.cfg beside it, Python resolves the link and starts with the
+    base interpreter's site-packages, so when these tests run in a venv the child lacks the
+    venv's packages.  ``--system-site-packages`` would not do either: from inside a venv it gives
+    the base interpreter's site-packages, not this venv's.  So a .pth adds this interpreter's site
+    folders (with their own .pth files: editable installs) to the new venv.  Its mpi4py imports but
+    cannot start MPI: it looks for libmpi in its own environment's lib/, and mpich put it in ours.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    ours = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    ours = [d for d in ours if os.path.isdir(d)]
+    # A .pth line that starts with "import" is executed at startup (by exec in a function of site, so no
+    # comprehension: it would not see the names imported); folders already on sys.path are skipped, so
+    # that their .pth files do not run twice.
+    lines = "".join(f"import site, sys; {d!r} in sys.path or site.addsitedir({d!r})\n" for d in ours)
+    (Path(purelib) / "outer_environment.pth").write_text(lines)
+    return python
+
+
+def a_venv_python_with_this_mpi(tmp_path: Path) -> Path:
+    """A venv's python that can start this Python's MPI: this one if it is a venv's, else a venv over it.
+
+    mpi4py's wheel loads libmpi from the lib/ of the environment it runs in (the venv, the user
+    base, and with --system-site-packages the base interpreter's), where mpich's wheel put it; a
+    venv over this one (``venv_over_this_python``) would import mpi4py but find no libmpi.
+    """
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.executable)  # as invoked: bin/python of the venv these tests run in
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
 def without_path_env() -> dict[str, str]:
     """The environment of a kernel started by a venv's python: no venv (nor any Python) bin/ on PATH."""
     return dict(os.environ, PATH="/usr/bin:/bin", PYTHONPATH=str(ROOT))
 
 
 def test_the_mpiexec_beside_the_python_wins_over_the_one_on_path(tmp_path: Path) -> None:
-    env_bin = tmp_path / "venv" / "bin"
-    mine = fake_mpiexec(env_bin, "mine")
+    python = venv_over_this_python(tmp_path / "venv")  # its bin/python: a link, which find_mpiexec must not resolve
+    mine = fake_mpiexec(python.parent, "mine")
     fake_mpiexec(tmp_path / "elsewhere", "other")
-    (env_bin / "python").symlink_to(sys.executable)  # as a venv's python is: a link, not resolved
     env = dict(without_path_env(), PATH=f"{tmp_path / 'elsewhere'}:/usr/bin:/bin")
     code = "from tinyamp.distributed.launch import find_mpiexec; print(find_mpiexec())"
-    done = subprocess.run([str(env_bin / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(mine)
 
@@ -69,14 +113,12 @@ def test_the_library_folder_is_searched_before_path(tmp_path: Path, monkeypatch:
 
 
 def test_a_venv_python_without_its_bin_on_path_launches_two_ranks(tmp_path: Path) -> None:
-    """The real case: a venv over this Python (whose mpi4py and mpich it sees), run by its full path."""
+    """The real case: a venv's python (with mpi4py and mpich, or over a Python that has them), run by its full path."""
     try:
         expected = launch.find_mpiexec()
     except FileNotFoundError:
         pytest.skip("no mpiexec for this Python (pip install mpich)")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    python = a_venv_python_with_this_mpi(tmp_path)
     rank = "from mpi4py import MPI; c = MPI.COMM_WORLD; print(f'rank{c.rank}of{c.size}')"
     code = (
         "import subprocess, sys\n"
