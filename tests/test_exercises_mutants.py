@@ -288,7 +288,8 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "the exact sum, not the float32 one",
         "float(np.float32(weight) + np.float32(update)) - weight",
         "(weight + update) - weight",
-        r"yours says False, expected True: the float32 sum .* rounds to",
+        # the exact sum and the float32 one round to different sides either way: lost called kept, or kept lost
+        r"yours says (False, expected True|True, expected False): the float32 sum .* rounds to",
     ),
     (
         "ex4_1",
@@ -309,7 +310,7 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "no subnormal gap",
         "ulp = 2.0**-24 if w < 2.0**-14 else 2.0 ** (math.frexp(w)[1] - 11)",
         "ulp = 2.0 ** (math.frexp(w)[1] - 11)",
-        r"for weight = -?(2\^-\d+|\S+e-0[5-8]) and update = .* yours says",
+        r"for weight = -?(0|2\^-\d+|\S+e-0[5-8]) and update = .* yours says",  # every weight below 2^-14, 0 too
     ),
     (
         "ex4_1",
@@ -396,7 +397,8 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "min_scale ignored",
         "if self.min_scale is not None:",
         "if False:",
-        r"overflows your scale is 0\.5, the jmp rule says 1 \(settings: .*min_scale=1",
+        # the rule's scale is the floor, whichever floor was drawn (jmp's own 1, or a power of two)
+        r"overflows? your scale is \S+, the jmp rule says (\S+) \(settings: .*min_scale=\1,",
     ),
     (
         "ex5_1",
@@ -417,8 +419,13 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "the grown scale not rounded to float32",
         "grown = float(np.float32(self.scale * self.growth_factor))",
         "grown = self.scale * self.growth_factor",
+        # a factor that is not a power of two shows it at a growth that float32 rounds; a power of two (2, 4, or 8 or
+        # 16 drawn as any factor) at float32's ceiling, where the unrounded scale grows to 2^128 to 2^131 (which
+        # of the two the grader meets first depends on hypothesis's draws)
         r"clean steps? your scale is \S+, the pytorch rule says \S+: the pytorch rule keeps its scale in float32, so "
-        r"each new scale is rounded to float32 \(\S+ \* \S+ rounds to \S+\) \(settings: .*growth_factor=(?!2,|4,)",
+        r"each new scale is rounded to float32 \(\S+ \* \S+ rounds to \S+\) \(settings: .*growth_factor=(?!2,|4,)"
+        r"|clean steps your scale is 2\^1(2[89]|3[01]), the pytorch rule says \S+: the scale must never grow to inf .*"
+        r"the scale is a float32 value, and float32's largest is just below 2\^128",
     ),
     (
         "ex5_1",
@@ -482,14 +489,19 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "scaled in float16",
         "scaled = g.astype(np.float64) * 2.0**k",
         "scaled = (g * np.float16(2.0**k)).astype(np.float64)",
-        r"yours says exact, but g \* S = .* is not a float16 value: it rounds to",
+        # two faults, and which one the grader meets first depends on hypothesis's draws: g * S rounded to float16
+        # (or S = 0 from k = -25 down) looks exact; from k = 16 on float16(S) is inf, and g * inf (NaN for g = 0)
+        # looks not exact
+        r"yours says exact, but g \* S = .* is not a float16 value: it rounds to"
+        r"|and k = (1[6-9]|2\d|30) \(S = 2\^\1\): at g\.flat\[\d+\] = \S+ yours says not exact, but g \* S = \S+ is a "
+        r"float16 value",
     ),
     (
         "ex5_3",
         "65504 itself not allowed",
         "np.abs(scaled) <= 65504.0",
         "np.abs(scaled) < 65504.0",
-        r"= 65504 yours says not exact, but g \* S = 65504 is a float16 value",
+        r"yours says not exact, but g \* S = -?65504 is a float16 value",  # g = 65504, or 2047 with k = 5, ...
     ),
     (
         "ex5_3",
@@ -614,8 +626,9 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "no saturation: NaN beyond 464, as ml_dtypes' cast",
         "np.minimum(np.abs(np.where(nan, np.float32(0), x).astype(np.float64)), 448.0)",
         "np.abs(np.where(nan, np.float32(0), x).astype(np.float64))",
-        r"= 465 yours gives 0x7f = 0 1111 111 \(NaN\); the saturating cast gives 0x7e = 0 1111 110 \(448\): 465 is "
-        r"beyond E4M3's largest value 448: the recipes' cast saturates it",
+        # beyond 464 it gives NaN (0x7f), far beyond or at inf whatever its unclamped exponent makes; either sign
+        r"yours gives 0x\w\w = .*; the saturating cast gives 0x[7f]e = [01] 1111 110 \(-?448\): \S+ is beyond E4M3's "
+        r"largest value 448: the recipes' cast saturates it",
     ),
     (
         "ex10_1",
@@ -629,8 +642,9 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "subnormals flushed",
         "gap = np.exp2(np.maximum(k, -6) - 3)",
         "gap = np.exp2(k - 3)",
-        r"yours gives 0x0\w = 0 0000 0\d\d .*the saturating cast gives 0x0\w = 0 0000 0\d\d .*: below 2\^-6 E4M3's "
-        r"values are the subnormals, the multiples of 2\^-9",
+        # either sign
+        r"yours gives 0x[08]\w = [01] 0000 0\d\d .*the saturating cast gives 0x[08]\w = [01] 0000 0\d\d .*: "
+        r"below 2\^-6 E4M3's values are the subnormals, the multiples of 2\^-9",
     ),
     (
         "ex10_1",
@@ -729,7 +743,7 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "log2 in float32",
         "k = np.frexp(amax)[1] - 1",
         "k = np.floor(np.log2(amax.astype(np.float32))).astype(int)",
-        r"log2 in float32 rounds \S+ up to exactly \d+: take the exponent exactly \(np\.frexp\)",
+        r"log2 in float32 rounds \S+ up to exactly -?\d+: take the exponent exactly \(np\.frexp\)",  # 2^-2 too
     ),
     (
         "ex10_3",

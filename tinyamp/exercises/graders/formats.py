@@ -104,10 +104,11 @@ def matrix_pairs(draw: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def grade_fp16_matmul(fp16_matmul: Callable[[np.ndarray, np.ndarray], np.ndarray], examples: int) -> None:
-    """Against the exact sum of products rounded once to float16."""
+    """Against the exact sum of products rounded once to float16: 1 x 1 first, then drawn matrices."""
 
     @check_settings(examples)
     @given(case=matrix_pairs())
+    @example(case=ONE_TIMES_ONE)
     def one_rounding_per_output(case: tuple[np.ndarray, np.ndarray]) -> None:
         a, b = case
         about = f"for a of shape {a.shape} and b of shape {b.shape} (float16)"
@@ -149,6 +150,10 @@ def grade_fp16_matmul(fp16_matmul: Callable[[np.ndarray, np.ndarray], np.ndarray
             "(the sums must be float32: a float64 sum keeps the 2^-30 and rounds up)"
         )
 
+
+# the simplest product, [[1]] @ [[1]], met first: a product left out shows here as 0, whatever hypothesis draws
+# (its shrinking does not always take a drawn counterexample down to one row and one column)
+ONE_TIMES_ONE = (np.ones((1, 1), np.float16), np.ones((1, 1), np.float16))
 
 # one output whose float32 sum rounds: 1 + 2^-11 + 2^-30 is 1 + 2^-11 in float32 (in any order), a float16 tie
 FLOAT32_MUST_ROUND = (
