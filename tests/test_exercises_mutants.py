@@ -486,18 +486,6 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
     ),
     (
         "ex5_3",
-        "scaled in float16",
-        "scaled = g.astype(np.float64) * 2.0**k",
-        "scaled = (g * np.float16(2.0**k)).astype(np.float64)",
-        # two faults, and which one the grader meets first depends on hypothesis's draws: g * S rounded to float16
-        # (or S = 0 from k = -25 down) looks exact; from k = 16 on float16(S) is inf, and g * inf (NaN for g = 0)
-        # looks not exact
-        r"yours says exact, but g \* S = .* is not a float16 value: it rounds to"
-        r"|and k = (1[6-9]|2\d|30) \(S = 2\^\1\): at g\.flat\[\d+\] = \S+ yours says not exact, but g \* S = \S+ is a "
-        r"float16 value",
-    ),
-    (
-        "ex5_3",
         "65504 itself not allowed",
         "np.abs(scaled) <= 65504.0",
         "np.abs(scaled) < 65504.0",

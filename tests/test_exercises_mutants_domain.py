@@ -2,7 +2,8 @@
 
 A 5.1 scaler may start below its floor (jmp's and Apex's rules allow it); a 5.2 step may
 meet a scale below 1, where unscaling overflows a finite float16 gradient, and must unscale
-every gradient even after an inf.  Each mutant is the reference solution with one edit,
+every gradient even after an inf; a 5.3 law computed in float16 is wrong both at the small
+scales and, once float16(2^k) is inf, at the large ones.  Each mutant is the reference solution with one edit,
 graded as ``tinyamp exercises check`` grades it: it must fail, naming the rule it broke.
 """
 
@@ -49,6 +50,18 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         r"(an inf|a NaN) in the scaled gradient of w\d.*the gradient of w\d\S* is \S+, expected \S+: unscale every "
         r"gradient \(multiply by 1/scale in float32, round once to its dtype\) in place, all of them, also after an "
         r"inf or NaN is found",
+    ),
+    (
+        "ex5_3",
+        "scaled in float16",
+        "scaled = g.astype(np.float64) * 2.0**k",
+        "scaled = (g * np.float16(2.0**k)).astype(np.float64)",
+        # two faults, and which one the grader meets first depends on hypothesis's draws: g * S rounded to float16
+        # (or S = 0 from k = -25 down) looks exact; from k = 16 on float16(S) is inf, and g * inf (NaN for g = 0)
+        # looks not exact
+        r"yours says exact, but g \* S = .* is not a float16 value: it rounds to"
+        r"|and k = (1[6-9]|2\d|30) \(S = 2\^\1\): at g\.flat\[\d+\] = \S+ yours says not exact, but g \* S = \S+ is a "
+        r"float16 value",
     ),
 ]
 
