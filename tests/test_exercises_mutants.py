@@ -7,6 +7,12 @@ the conversion (or tinyamp's own implementation) the exercise forbids reached th
 workspace and graded as ``tinyamp exercises check`` grades it (the default, deterministic
 examples): it must fail, with a reason that names the rule it broke.
 
+Deterministic, but not fixed: hypothesis also draws constants from the modules loaded so far, so
+the counterexample a grader meets first changes with the tests run before it, the code and the
+hypothesis version.  So each reason's pattern holds for every counterexample of its mistake (both
+faults of a mutant with two, either sign, every value beyond a threshold), checked by grading every
+mutant with random draws under many seeds.
+
 Covered: every exercise (1.1 to 10.3).
 """
 
