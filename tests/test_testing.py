@@ -117,7 +117,9 @@ def test_scaler_settings_build_every_preset_and_reach_its_ceiling_and_floor(pres
     both = find(
         st.tuples(strategies.scaler_settings(preset), strategies.overflow_flags()),
         lambda case: _reaches(preset, *case) == {"ceiling", "floor"},
-        settings=settings(max_examples=1000, deadline=None, phases=[Phase.generate]),  # the first found: no shrinking
+        # the first found: no shrinking.  Over 30 seeds the hardest preset (apex) needed 88 draws at the median, 327
+        # at most: at 1000 about one run in 20,000 would miss; at 5000 none (a budget spent only when none is found)
+        settings=settings(max_examples=5000, deadline=None, phases=[Phase.generate]),
     )
     assert _reaches(preset, *both) == {"ceiling", "floor"}
     s = both[0]
