@@ -79,8 +79,9 @@ def check_scaler(
 
         counter = "hysteresis" if isinstance(counter, _DefaultCounter) else counter
         machine = hysteresis_machine(make_scaler, reference, counter, round_trip)
-    else:
-        machine = _scaler_machine(make_scaler, reference, counter, round_trip)
+        run_state_machine_as_test(machine, settings=check_settings(max_examples, stateful_step_count=steps))
+        return
+    machine = _scaler_machine(make_scaler, reference, counter, round_trip)
     run_state_machine_as_test(machine, settings=check_settings(max_examples, stateful_step_count=steps))
     _fixed_run(machine, reference, round_trip)  # after the drawn runs, so that their messages come first
 

@@ -21,6 +21,8 @@ the reference (unscale, then ``optimizer.step()``), bit for bit; and after eithe
 gradient is unscaled (the one after an inf too: ``unscale_`` unscales them all).  Scales
 below 1 are drawn too, where unscaling can overflow a finite float16 gradient: a step is
 skipped when an *unscaled* gradient is not finite, so finiteness is checked after unscaling.
+After the drawn cases, five fixed ones every time: the scale 3, a finite float16 gradient that
+overflows when unscaled by 2^-4, an inf in the first of two gradients, an inf in the second, and a NaN.
 """
 
 from __future__ import annotations
@@ -124,7 +126,20 @@ INF_FIRST: dict[str, Any] = dict(
     scaled=[np.array([np.inf], np.float32), np.array([256.0, -512.0], np.float16)], scale=2.0**10,
     optimizer="Adam", earlier_steps=1,
 )  # fmt: skip
-FIXED_CASES = (DIVIDED_BY_THREE, UNSCALING_OVERFLOWS, INF_FIRST)
+# an inf in the second of two gradients only: a step that looks at the first gradient alone misses it (drawn cases
+# seldom hold an overflow beyond w0: hypothesis draws the index 0 far more often than the others)
+INF_SECOND: dict[str, Any] = dict(
+    weights=[np.array([1.0], np.float32), np.array([1.0], np.float16)], grads=[np.array([0.5])] * 2,
+    scaled=[np.array([5.0], np.float32), np.array([np.inf], np.float16)], scale=8.0, optimizer="Adam",
+    earlier_steps=1,
+)  # fmt: skip
+# a NaN, not an inf: a step that looks for inf only (np.isinf) misses it (drawn cases hold a NaN far less often)
+NAN_FIRST: dict[str, Any] = dict(
+    weights=[np.array([1.0], np.float32), np.array([1.0], np.float16)], grads=[np.array([0.5])] * 2,
+    scaled=[np.array([np.nan], np.float32), np.array([5.0], np.float16)], scale=8.0, optimizer="Adam",
+    earlier_steps=1,
+)  # fmt: skip
+FIXED_CASES = (DIVIDED_BY_THREE, UNSCALING_OVERFLOWS, INF_FIRST, INF_SECOND, NAN_FIRST)
 
 
 @st.composite
