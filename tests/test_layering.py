@@ -240,6 +240,28 @@ def test_the_course_has_no_import_cycle() -> None:
         visit(name, [])
 
 
+def test_no_two_modules_of_tinyamp_import_each_other() -> None:
+    """Two modules that import each other (at the top, or inside a function: a lazy import is still one) have
+    no order a reader can follow: what both need belongs in one of them, or in a third module that both import.
+    A package importing its own modules (``tinyamp/amp/__init__.py`` and ``amp.scaler``) is the package's shape."""
+    files = {module_name(file): file for file in sorted((ROOT / "tinyamp").rglob("*.py"))}
+    imports = {}
+    for name, file in files.items():
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        relative = [n for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
+        assert not relative, f"{name} has a relative import (line {relative[0].lineno}): write it as tinyamp.<...>"
+        found = set()
+        for imported in imported_modules(file):
+            parts = imported.split(".")
+            module = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in files))
+            if module != name and module not in ancestors:
+                found.add(module)
+        imports[name] = found
+    pairs = sorted({" <-> ".join(sorted((a, b))) for a, targets in imports.items() for b in targets
+                    if a in imports.get(b, set())})  # fmt: skip
+    assert not pairs, "modules that import each other: " + "; ".join(pairs)
+
+
 def test_no_test_file_is_longer_than_800_lines() -> None:
     """The suite follows the lessons: a file that outgrows 800 lines is split by topic, its marker kept."""
     long = {f.relative_to(ROOT).as_posix(): n for f in sorted((ROOT / "tests").rglob("*.py"))

@@ -174,7 +174,7 @@ def check(args: argparse.Namespace) -> int:
     try:
         import hypothesis  # noqa: F401  (every grader is a hypothesis property)
     except ImportError:
-        from tinyamp.cli import install_hint
+        from tinyamp.extras import install_hint
 
         raise UsageError(f"grading needs hypothesis: pip install hypothesis (or {install_hint('exercises')})") from None
     limits = Limits(seconds, int(memory * 2**30))
