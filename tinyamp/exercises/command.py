@@ -38,7 +38,7 @@ FIRST_STEPS = "start:  tinyamp exercises init ws  then  tinyamp exercises check 
 
 def catalog_text() -> str:
     """The exercises, one line each: number, title, the tutorial section to read first (for --help)."""
-    return "\n".join(f"  {e.number:<4} {e.title:<46} {e.tutorial.split(';')[0].split(' (')[0]}" for e in EXERCISES)
+    return "\n".join(f"  {e.number:<4} {e.title:<46} {e.read_first}" for e in EXERCISES)
 
 
 def add_parser(subparsers: Any) -> None:
