@@ -204,3 +204,31 @@ def test_each_stubs_read_paragraph_names_what_the_catalog_says_to_read() -> None
             assert file in read, f"{e.number}: the stub's Read: does not name {file}"
             after = read.split(file, 1)[1].split("tutorials/", 1)[0]
             assert all(re.search(rf"\b{n}\b", after) for n in sections), f"{e.number}: {part!r}, stub: {read!r}"
+
+
+# ---- what the command says around its work ---------------------------------------------------------------------
+def test_list_and_init_describe_their_own_exit_statuses_not_grading() -> None:
+    for command, said in (("init", "0 the workspace was written"), ("list", "0 listed")):
+        out = subprocess.run([sys.executable, "-m", "tinyamp", "exercises", command, "--help"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        text = " ".join(out.split())
+        assert said in text and "passes" not in text and "failed or not started" not in text, text
+
+
+def test_the_footer_after_a_check_suggests_what_comes_next() -> None:
+    """After --only 10.1 (passed): 10.2; after the last exercise, or all of them passed: nothing; a failed one first."""
+    from types import SimpleNamespace
+
+    from tinyamp.exercises.command import what_next
+
+    def results(*pairs: tuple[str, str]) -> list[Any]:
+        return [SimpleNamespace(exercise=find(number), status=status) for number, status in pairs]
+
+    ws = Path("ws")
+    assert what_next(results(("10.1", "passed")), ws) == (" Next: exercise 10.2, the delayed-scaling update of an "
+                                                           "FP8 scale: tinyamp exercises check ws --only 10.2, or "
+                                                           "pytest ws -m ex10_2")  # fmt: skip
+    assert what_next(results(("5.1", "passed"), ("5.2", "failed")), ws).startswith(" Again: exercise 5.2,")
+    assert what_next(results(("10.3", "passed")), ws) == ""
+    assert what_next(results(*((e.number, "passed") for e in EXERCISES)), ws) == ""
+    assert "--only 1.2" in what_next(results(*((e.number, "not started") for e in EXERCISES[1:])), ws)
