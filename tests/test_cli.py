@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tinyamp as ta
-from tinyamp import cli
+from tinyamp import cli, extras
 from tinyamp.amp.training_state import read_checkpoint
 from tinyamp.cli import main
 from tinyamp.experiments import figures
@@ -78,15 +78,15 @@ def test_info_gives_an_install_hint_only_for_what_is_missing(
     monkeypatch.setattr(cli, "_version", lambda module: "not installed")
     assert main(["info"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert next(x for x in lines if x.startswith("matplotlib")).endswith(f"(figures: {cli.install_hint('plots')})")
+    assert next(x for x in lines if x.startswith("matplotlib")).endswith(f"(figures: {extras.install_hint('plots')})")
     assert "pip install ml_dtypes, a dependency of tinyamp" in next(x for x in lines if x.startswith("ml_dtypes"))
 
 
 def test_install_hints_fit_a_source_checkout_and_a_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert cli.install_hint("plots") == 'pip install -e ".[plots]"'  # the tests run from a checkout
+    assert extras.install_hint("plots") == 'pip install -e ".[plots]"'  # the tests run from a checkout
     (tmp_path / "tinyamp").mkdir()  # a wheel's copy: site-packages/tinyamp, no pyproject.toml beside it
-    monkeypatch.setattr(cli, "__file__", str(tmp_path / "tinyamp" / "cli.py"))
-    assert cli.install_hint("plots") == "pip install 'tinyamp[plots]'"
+    monkeypatch.setattr(extras, "__file__", str(tmp_path / "tinyamp" / "extras.py"))
+    assert extras.install_hint("plots") == "pip install 'tinyamp[plots]'"
 
 
 def test_the_demo_says_why_its_bf16_row_is_missing(

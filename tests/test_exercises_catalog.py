@@ -10,6 +10,7 @@ import inspect
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,64 @@ def test_a_marker_left_open_or_crossed_is_an_error_that_names_the_line(monkeypat
         holes.stub("formats")
 
 
+# ---- what to read first: one source, the catalog ---------------------------------------------------------------
+def test_every_list_of_what_to_read_first_prints_the_catalogs() -> None:
+    """README.md's list (as ``exercises --help`` prints it), the syllabus's lab table, ``exercises list`` and the
+    workspace's README all print the catalog's reading (``Exercise.tutorial``, or its short form ``read_first``)."""
+    from tinyamp.exercises.command import catalog_text
+    from tinyamp.exercises.workspace import readme
+
+    readme_md = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = [line.strip() for line in catalog_text().splitlines()]
+    assert all(f"    {line}\n" in readme_md for line in listed), "README.md's exercise list is not catalog_text()"
+    syllabus = SYLLABUS.read_text(encoding="utf-8")
+    workspace = readme(False)
+    listing = subprocess.run([sys.executable, "-m", "tinyamp", "exercises", "list"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    for e in EXERCISES:
+        short = re.sub(r"(tinyamp/[\w/]+\.py)", r"`\1`", e.read_first)
+        row = next((line for line in syllabus.splitlines() if f"| {e.number} {e.title} | `{e.id}` |" in line), "")
+        assert row.endswith(f"| {short} | ~{e.minutes} min |"), f"the syllabus's row of {e.number}: {row}"
+        assert f"| {e.tutorial} | ~{e.minutes} min |" in workspace, e.id
+        assert f"  {e.tutorial}\n" in listing, e.id
+
+
+def test_each_stubs_read_paragraph_names_what_the_catalog_says_to_read() -> None:
+    """The docstring a student reads in the stub names every tutorial section and module of the catalog's list."""
+    for e in EXERCISES:
+        doc = " ".join(inspect.getdoc(getattr(stub_module(e.module), e.name)).split())
+        read = doc.split("Read: ", 1)[1].split("Time: ", 1)[0]
+        for part in re.sub(r" \([^()]*\)", "", e.tutorial).split("; "):  # the titles in parentheses left out
+            file = re.search(r"(tutorials/\w+\.py|tinyamp/[\w/]+\.py)", part)[1]
+            sections = re.findall(r"\d+", part.split(file, 1)[1])
+            assert file in read, f"{e.number}: the stub's Read: does not name {file}"
+            after = read.split(file, 1)[1].split("tutorials/", 1)[0]
+            assert all(re.search(rf"\b{n}\b", after) for n in sections), f"{e.number}: {part!r}, stub: {read!r}"
+
+
+# ---- what the command says around its work ---------------------------------------------------------------------
+def test_list_and_init_describe_their_own_exit_statuses_not_grading() -> None:
+    for command, said in (("init", "0 the workspace was written"), ("list", "0 listed")):
+        out = subprocess.run([sys.executable, "-m", "tinyamp", "exercises", command, "--help"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        text = " ".join(out.split())
+        assert said in text and "passes" not in text and "failed or not started" not in text, text
+
+
+def test_the_footer_after_a_check_suggests_what_comes_next() -> None:
+    """After --only 10.1 (passed): 10.2; after the last exercise, or all of them passed: nothing; a failed one first."""
+    from types import SimpleNamespace
+
+    from tinyamp.exercises.command import what_next
+
+    def results(*pairs: tuple[str, str]) -> list[Any]:
+        return [SimpleNamespace(exercise=find(number), status=status) for number, status in pairs]
+
+    ws = Path("ws")
+    assert what_next(results(("10.1", "passed")), ws) == (" Next: exercise 10.2, the delayed-scaling update of an "
+                                                           "FP8 scale: tinyamp exercises check ws --only 10.2, or "
+                                                           "pytest ws -m ex10_2")  # fmt: skip
+    assert what_next(results(("5.1", "passed"), ("5.2", "failed")), ws).startswith(" Again: exercise 5.2,")
+    assert what_next(results(("10.3", "passed")), ws) == ""
+    assert what_next(results(*((e.number, "passed") for e in EXERCISES)), ws) == ""
+    assert "--only 1.2" in what_next(results(*((e.number, "not started") for e in EXERCISES[1:])), ws)

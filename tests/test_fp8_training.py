@@ -283,7 +283,7 @@ def test_results_json_and_the_figure_hold_every_tensors_series(tmp_path: Path) -
     assert fp8["totals"]["forward"]["values"] == 12 * sum(t["values"] for t in fp8["tensors"].values()
                                                           if t["pass"] == "forward")  # fmt: skip
     if matplotlib_available():
-        from tinyamp.experiments.fp8_report import draw_fp8_tensors
+        from tinyamp.experiments.figures import draw_fp8_tensors
 
         assert (tmp_path / "mlp_fp8_tensors.png").read_bytes()[:8] == PNG_MAGIC
         fig = draw_fp8_tensors({"fp8": fp8, "first_step": 0}, "digits")

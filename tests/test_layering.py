@@ -95,12 +95,15 @@ def test_each_mechanism_fits_on_one_screen_on_the_reading_path(mechanism: str) -
 
 
 def test_the_scaled_step_is_short_and_names_no_device() -> None:
-    """Check, then skip or step, then update: at most 25 lines, and a device only in the engine room."""
+    """Check, then skip or step, then update: at most 25 lines, and a device or a fused step only in the engine
+    room (not in the code, nor in its docstring or comments: the teaching core speaks of what it does)."""
     source = inspect.getsource(LossScaler.step)
     body = ast.parse(textwrap.dedent(source)).body[0].body[1:]  # the code, without the docstring
     code = "\n".join(ast.unparse(node) for node in body)
     assert len(source.splitlines()) <= 25, f"LossScaler.step takes {len(source.splitlines())} lines"
     assert not re.search(r"device|cuda|gpu|cupy", code, flags=re.I), code
+    named = re.findall(r".*(?:device|cuda|gpu|cupy|fused|engine room).*", source, flags=re.I)
+    assert not named, "LossScaler.step's docstring or comments name what the reference does not do: " + str(named)
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -238,6 +241,28 @@ def test_the_course_has_no_import_cycle() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_no_two_modules_of_tinyamp_import_each_other() -> None:
+    """Two modules that import each other (at the top, or inside a function: a lazy import is still one) have
+    no order a reader can follow: what both need belongs in one of them, or in a third module that both import.
+    A package importing its own modules (``tinyamp/amp/__init__.py`` and ``amp.scaler``) is the package's shape."""
+    files = {module_name(file): file for file in sorted((ROOT / "tinyamp").rglob("*.py"))}
+    imports = {}
+    for name, file in files.items():
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        relative = [n for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
+        assert not relative, f"{name} has a relative import (line {relative[0].lineno}): write it as tinyamp.<...>"
+        found = set()
+        for imported in imported_modules(file):
+            parts = imported.split(".")
+            module = next(".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in files)
+            if module != name and module not in ancestors:
+                found.add(module)
+        imports[name] = found
+    pairs = sorted({" <-> ".join(sorted((a, b))) for a, targets in imports.items() for b in targets
+                    if a in imports.get(b, set())})  # fmt: skip
+    assert not pairs, "modules that import each other: " + "; ".join(pairs)
 
 
 def test_no_test_file_is_longer_than_800_lines() -> None:

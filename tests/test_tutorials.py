@@ -3,7 +3,7 @@
 Every ``tutorials/NN_*.py`` and every appendix ``tutorials/AN_*.py`` runs in a fresh interpreter (as a
 reader would run it), with its figures sent to a temporary folder through TINYAMP_TUTORIAL_OUT.  The
 files are also checked for the jupytext "percent" cell format that lets editors step through them cell
-by cell, and the syllabus (tutorials/README.md) for listing each one with its questions.
+by cell, and the syllabus (tutorials/README.md) for listing each one with its questions (answers in ANSWERS.md).
 """
 
 from __future__ import annotations
@@ -50,12 +50,40 @@ def test_the_tutorials_are_all_there() -> None:
     assert len(set(numbers)) == len(numbers), f"two tutorials share a number: {NAMES}"
 
 
-def test_the_syllabus_lists_every_tutorial_with_questions_and_answers() -> None:
+def lessons(text: str, level: str) -> dict[str, tuple[str, str]]:
+    """{lesson: (title, body)} for each ``<level> N. title`` heading of `text` ("###" in the syllabus, "##" in
+    ANSWERS.md); the body runs to the next heading."""
+    parts = re.split(rf"^{level} (\w+)\. (.*)$", text, flags=re.M)
+    return {n: (title, re.split(r"^#", body, flags=re.M)[0]) for n, title, body in zip(parts[1::3], parts[2::3],
+                                                                                         parts[3::3])}  # fmt: skip
+
+
+def slug(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's) makes of a heading: "1. Floating-point" -> "1-floating-point"."""
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", heading.lower()))
+
+
+def numbered_items(text: str) -> list[str]:
+    return re.findall(r"^(\d+)\. ", text, flags=re.M)
+
+
+def test_the_syllabus_lists_every_tutorial_with_questions_and_answers_kept_apart() -> None:
+    """Each lesson's questions end with a link to its answers in ANSWERS.md, as many answers as questions;
+    no answer sits under its question (``<details>`` folds only when rendered: a terminal shows it all)."""
     syllabus = (ROOT / "tutorials" / "README.md").read_text(encoding="utf-8")
     missing = [name for name in NAMES if f"`{name}`" not in syllabus]
     assert not missing, f"tutorials/README.md does not list {missing}"
-    answers = syllabus.count("<details>")
-    assert answers >= len(NAMES) and answers == syllabus.count("</details>"), f"{answers} <details> blocks"
+    assert "<details>" not in syllabus, "an answer under its question in tutorials/README.md: move it to ANSWERS.md"
+    questions = lessons(syllabus.split("## Check your understanding", 1)[1].split("\n## ", 1)[0], "###")
+    answered = lessons((ROOT / "tutorials" / "ANSWERS.md").read_text(encoding="utf-8"), "##")
+    assert len(questions) >= len(NAMES) and list(questions) == list(answered), (list(questions), list(answered))
+    for lesson, (title, asked) in questions.items():
+        anchor = slug(f"{lesson}. {title}")
+        assert f"](ANSWERS.md#{anchor})" in asked, f"lesson {lesson}'s questions do not link to ANSWERS.md#{anchor}"
+        assert answered[lesson][0] == title, f"lesson {lesson}: {answered[lesson][0]!r} in ANSWERS.md, {title!r}"
+        assert f"](README.md#{anchor})" in answered[lesson][1], f"ANSWERS.md's lesson {lesson} links back"
+        n, m = numbered_items(asked), numbered_items(answered[lesson][1])
+        assert n and n == m, f"lesson {lesson}: questions {n}, answers {m}"
 
 
 # Tutorial 7 measures peak memory with the engine room's casts, which convert in cache-sized
@@ -103,11 +131,10 @@ def test_the_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path, mon
 
 
 def answers(lesson: str) -> str:
-    """The answers of lesson `lesson` ("5", "10", "A1") in tutorials/README.md, whitespace collapsed."""
-    syllabus = (ROOT / "tutorials" / "README.md").read_text(encoding="utf-8")
-    found = re.search(rf"^### {re.escape(lesson)}\. .*?<details>(.*?)</details>", syllabus, flags=re.S | re.M)
-    assert found, f"tutorials/README.md has no answers for lesson {lesson} ('### {lesson}. ...' then <details>)"
-    return " ".join(found.group(1).split())
+    """The answers of lesson `lesson` ("5", "10", "A1") in tutorials/ANSWERS.md, whitespace collapsed."""
+    found = lessons((ROOT / "tutorials" / "ANSWERS.md").read_text(encoding="utf-8"), "##").get(lesson)
+    assert found, f"tutorials/ANSWERS.md has no answers for lesson {lesson} ('## {lesson}. ...')"
+    return " ".join(found[1].split())
 
 
 def check_the_answers_quote_the_run(name: str, quoted: Path) -> None:
@@ -117,7 +144,7 @@ def check_the_answers_quote_the_run(name: str, quoted: Path) -> None:
     text = answers(name[:2].lstrip("0"))
     missing = [p for p in phrases if " ".join(p.split()) not in text]
     assert phrases and not missing, (
-        f"tutorials/README.md's answers to lesson {name[:2].lstrip('0')} do not say what {name} measured in this "
+        f"tutorials/ANSWERS.md's answers to lesson {name[:2].lstrip('0')} do not say what {name} measured in this "
         f"run: {missing}"
     )
 

@@ -41,6 +41,7 @@ from tinyamp.experiments.blas_threads import one_blas_thread
 from tinyamp.experiments.interrupts import Interrupted, Stop, handle_signals
 from tinyamp.experiments.run_settings import MODELS, PRECISIONS, SCALERS, SCHEDULES
 from tinyamp.experiments.training_run import TrainingRun, kept, progress_bar, write_outputs
+from tinyamp.extras import install_hint
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
@@ -62,21 +63,6 @@ class UsageError(Exception):
 
 
 # ---- tinyamp info --------------------------------------------------------------------------------
-def install_hint(extras: str) -> str:
-    """The pip line that adds tinyamp's optional `extras` ("plots", "cuda12"), in the form that fits this copy.
-
-    A source checkout (run from it, or installed with ``pip install -e .``) has its
-    pyproject.toml beside the package and needs ``pip install -e ".[plots]"``; an installed
-    wheel has none, and ``pip install 'tinyamp[plots]'`` is what adds the extra to it.
-    """
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    try:
-        checkout = 'name = "tinyamp"' in pyproject.read_text(encoding="utf-8")
-    except OSError:
-        checkout = False
-    return f'pip install -e ".[{extras}]"' if checkout else f"pip install 'tinyamp[{extras}]'"
-
-
 def _version(module: str) -> str:
     try:
         return __import__(module).__version__

@@ -66,19 +66,20 @@ def ones(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_gra
 
 def randn(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples, drawn on the CPU generator (same values on every device)."""
-    shape = _check_shape(shape, "randn")
-    dt = _floating(dtype, "randn")
-    dtypes.check_supported(dt, backend.check_device(device))
-    data = random.generator("cpu").standard_normal(shape).astype(dt)
-    return _leaf(backend.to_device(data, device), requires_grad)
+    return _drawn("randn", "standard_normal", shape, dtype, device, requires_grad)
 
 
 def rand(shape: Shape, dtype: Any = "float32", device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1), drawn on the CPU generator."""
-    shape = _check_shape(shape, "rand")
-    dt = _floating(dtype, "rand")
+    return _drawn("rand", "random", shape, dtype, device, requires_grad)
+
+
+def _drawn(op: str, method: str, shape: Shape, dtype: Any, device: str, requires_grad: bool) -> Tensor:
+    """Samples of the CPU generator's `method`, cast to `dtype` and moved to `device`: the same values everywhere."""
+    shape = _check_shape(shape, op)
+    dt = _floating(dtype, op)
     dtypes.check_supported(dt, backend.check_device(device))
-    data = random.generator("cpu").random(shape).astype(dt)
+    data = getattr(random.generator("cpu"), method)(shape).astype(dt)
     return _leaf(backend.to_device(data, device), requires_grad)
 
 

@@ -8,7 +8,9 @@ is a Function in :mod:`tinyamp.ops`, where the forward and backward math live.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -234,6 +236,22 @@ def as_tensor(value: Any, like: Tensor) -> Tensor:
     if backend.is_array(value):
         return as_tensor(Tensor._make(value, False, None), like)
     raise TypeError(f"cannot combine a Tensor with {type(value).__name__}; use a Tensor, an array or a number")
+
+
+def takes_a_tensor(op: Callable[..., Any] | None = None, *, what: str = "") -> Any:
+    """Decorate an op whose first argument must be a Tensor (``@takes_a_tensor``, or with
+    ``what="logits"``): anything else is refused there with :func:`not_a_tensor`, named after the op."""
+    if op is None:
+        return functools.partial(takes_a_tensor, what=what)
+    name = f"{op.__name__} ({what})" if what else op.__name__
+
+    @functools.wraps(op)
+    def checked(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(x, Tensor):
+            raise not_a_tensor(x, name)
+        return op(x, *args, **kwargs)
+
+    return checked
 
 
 def not_a_tensor(value: Any, op: str) -> TypeError:

@@ -199,7 +199,7 @@ class LossScaler:
         self._check_can_unscale(optimizer)
         try:
             nonfinite, sums = self._unscale(optimizer, 1.0 / self._scale)  # exact for a power of two
-        except OutOfRangeError:  # bad labels, reported at this read (a GPU checks late): scale the next loss
+        except OutOfRangeError:  # bad labels, found as the sums are read (backend.host_floats): scale the next loss
             self._phase = "ready"
             raise
         self._grad_norm = math.sqrt(math.fsum(sums))
@@ -231,16 +231,15 @@ class LossScaler:
         have written to the gradients since).  An overflowed step changes no weight and no optimizer
         state: it is reported in the returned StepReport (also ``last_report``) and in ``history``.
         Unlike PyTorch, stepping without ``scale_loss`` in this step is an error (except in mode "off"):
-        the gradients would be divided by a scale they were never multiplied by.  The engine room may
-        run check and step at once (``kernels.call``; on a GPU the device decides the skip itself):
-        the same bits and the same skipped steps as the reference, ``_unscale_and_step``.
+        the gradients would be divided by a scale they were never multiplied by.  Check and step together
+        are the kernel "scaled_step" (``kernels.call``), whose reference is ``_unscale_and_step`` below.
         """
         self._check_can_step(optimizer)
         again = self._phase == "unscaled"  # unscale_ ran: multiplying by 1 only checks again
         inverse = 1.0 if again else 1.0 / self._scale
         try:
             nonfinite, sums = kernels.call("scaled_step", self._unscale_and_step, optimizer, inverse)
-        except OutOfRangeError:  # bad labels, reported at this read (a GPU checks late): no weight changed
+        except OutOfRangeError:  # bad labels, found as the sums are read (backend.host_floats): no weight changed
             self._phase, self._unscaled_optimizer = "ready", None
             raise
         if not again or any(nonfinite.values()):  # else unscale_'s norm stands: the one before clipping
@@ -417,4 +416,3 @@ def clip_by_global_norm_(grads: list[Any], max_norm: float, norm_of: Callable[[]
         for g in grads:
             kernels.multiply_and_sum_squares_(g, coefficient)  # rounded once into g's dtype; the sum is not needed
     return norm
-

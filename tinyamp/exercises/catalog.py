@@ -5,10 +5,16 @@ tutorial, each with the stubs of its exercises.  Exercise 5.1 is the class
 ``DynamicLossScaler`` in ``myamp/loss_scaling.py``, graded by
 ``tinyamp/exercises/graders/loss_scaling.py``'s ``grade_dynamic_loss_scaler``; its pytest
 marker is ``ex5_1``.  Nothing here imports hypothesis: the command builds its parser from this table.
+
+``Exercise.tutorial`` is the one list of what to read before each exercise: ``exercises list``
+and the workspace's README print it, ``exercises --help`` its short form ``read_first``, and the
+copies in README.md and the syllabus's lab table are checked against them
+(tests/test_exercises_catalog.py), as the stubs' "Read:" paragraphs are.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 PACKAGE = "myamp"  # the student's package in a workspace: "my automatic mixed precision"
@@ -39,6 +45,12 @@ class Exercise:
     def path(self) -> str:
         """The stub's file, relative to the workspace."""
         return f"{PACKAGE}/{self.module}.py"
+
+    @property
+    def read_first(self) -> str:
+        """`tutorial` in short, as the lists print it: "tutorial 5, sections 1, 2 and 4" (no file names, no titles)."""
+        short = re.sub(r"tutorials/(\d\d)_\w+\.py", lambda m: f"tutorial {int(m[1])}", self.tutorial)
+        return re.sub(r" \([^()]*\)", "", re.sub(r"tutorials/(A\d)_\w+\.py", r"appendix \1", short))
 
     @property
     def first_steps(self) -> str:
@@ -107,15 +119,17 @@ EXERCISES: tuple[Exercise, ...] = (
              "mean_gradient", "grade_mean_gradient", f"{T9}, section 1 (The sum across ranks, and its dtype)", 200,
              ("tinyamp.distributed",), minutes=20),
     Exercise("ex10_1", "10.1", "E4M3 by hand: saturate, round to nearest even", "eight_bits", "round_to_e4m3",
-             "grade_round_to_e4m3", f"{T10}, section 1 (FP8's range against a real gradient's); {T1}, section 3", 100,
+             "grade_round_to_e4m3", f"{T10}, section 1 (FP8's range against a real gradient's); "
+             f"tinyamp/fp8/formats.py's docstring; {T1}, section 3 (if ties are new to you)", 100,
              FP8_OWN + ("tinyamp.rounding", "tinyamp.kernels"), no_float8_casts=True,
              by_hand="round by hand (the gaps between E4M3 values, then the bit fields), not with ml_dtypes' cast",
              minutes=40),
     Exercise("ex10_2", "10.2", "the delayed-scaling update of an FP8 scale", "eight_bits",
              "DelayedScaling", "grade_delayed_scaling", f"{T10}, section 3 (Delayed against current scaling, and "
-             "one spike)", 60, FP8_OWN, minutes=30),
+             "one spike); the table at the top of tinyamp/fp8/scaling.py", 60, FP8_OWN, minutes=30),
     Exercise("ex10_3", "10.3", "an MX block's shared scale, as E8M0 bytes", "eight_bits", "mx_block_scales",
-             "grade_mx_block_scales", f"{T10}, section 4 (Block scaling: a scale for every 32 values)", 100, FP8_OWN,
+             "grade_mx_block_scales", f"{T10}, section 4 (Block scaling: a scale for every 32 values); "
+             "tinyamp/fp8/blocks.py's docstring, \"The shared exponent\"", 100, FP8_OWN,
              minutes=25),
 )  # fmt: skip
 

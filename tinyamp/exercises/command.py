@@ -33,12 +33,19 @@ from tinyamp.exercises.isolation import DEFAULT_JOBS, DEFAULT_MEMORY_GIB, DEFAUL
 
 EXIT_STATUS = ("exit status: 0 every exercise asked for passes; 1 one is failed or not started; 2 bad input; "
                "74 in place of 0: standard output closed or full")  # fmt: skip
+# list and init grade nothing: their statuses are their own (a pipe whose reader stopped early is no error for them)
+LIST_EXIT_STATUS = ("exit status: 0 listed; 2 bad input (DIR is missing or not a workspace); 74 in place of 0: "
+                    "standard output closed or full")  # fmt: skip
+INIT_EXIT_STATUS = ("exit status: 0 the workspace was written; 2 bad input (no folder named; DIR is a file, or holds "
+                    "a workspace's files already, which init never writes over; or DIR cannot be written, and what "
+                    "init wrote is taken back); 74 in place of 0: standard output closed or full (the workspace is "
+                    "written)")  # fmt: skip
 FIRST_STEPS = "start:  tinyamp exercises init ws  then  tinyamp exercises check ws"
 
 
 def catalog_text() -> str:
     """The exercises, one line each: number, title, the tutorial section to read first (for --help)."""
-    return "\n".join(f"  {e.number:<4} {e.title:<46} {e.tutorial.split(';')[0].split(' (')[0]}" for e in EXERCISES)
+    return "\n".join(f"  {e.number:<4} {e.title:<46} {e.read_first}" for e in EXERCISES)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -51,9 +58,9 @@ def add_parser(subparsers: Any) -> None:
     )  # fmt: skip
     sub = p.add_subparsers(dest="exercises_command", required=True)
     listing = sub.add_parser("list", help="the exercises; with DIR, how far each is in that workspace",
-                             epilog=EXIT_STATUS)  # fmt: skip
+                             epilog=LIST_EXIT_STATUS)  # fmt: skip
     listing.add_argument("directory", metavar="DIR", nargs="?", help="a workspace: its files are read, never run")
-    init = sub.add_parser("init", help="write a student workspace into DIR", epilog=EXIT_STATUS)
+    init = sub.add_parser("init", help="write a student workspace into DIR", epilog=INIT_EXIT_STATUS)
     init.add_argument("directory", metavar="DIR", help="the folder to write (created; never written over)")
     init.add_argument("--solutions", action="store_true", help="write the reference solutions (for instructors)")
     check = sub.add_parser("check", help="grade a workspace and print the table", epilog=EXIT_STATUS)
@@ -174,7 +181,7 @@ def check(args: argparse.Namespace) -> int:
     try:
         import hypothesis  # noqa: F401  (every grader is a hypothesis property)
     except ImportError:
-        from tinyamp.cli import install_hint
+        from tinyamp.extras import install_hint
 
         raise UsageError(f"grading needs hypothesis: pip install hypothesis (or {install_hint('exercises')})") from None
     limits = Limits(seconds, int(memory * 2**30))
@@ -220,9 +227,21 @@ def grade_and_print(exercises: list[Exercise], directory: Path, deep: bool, limi
     if table:
         counts = {status: sum(r.status == status for r in results) for status in (PASSED, FAILED, NOT_STARTED)}
         summary = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
-        print(f"\n{summary} ({time.perf_counter() - start:.1f} s). One exercise: tinyamp exercises check --only 5.1, "
-              f"or pytest {directory} -m ex5_1")  # fmt: skip
+        print(f"\n{summary} ({time.perf_counter() - start:.1f} s).{what_next(results, directory)}")
     return results
+
+
+def what_next(results: list[Any], directory: Path) -> str:
+    """The footer's suggestion: the first exercise checked that did not pass, to try again; else the exercise
+    after the last one checked, in the course's order; else nothing (the course's last exercise passed)."""
+    again = next((r.exercise for r in results if r.status != "passed"), None)
+    later = EXERCISES[EXERCISES.index(results[-1].exercise) + 1 :] if results else ()
+    e = again or (later[0] if later else None)
+    if e is None:
+        return ""
+    verb = "Again" if again else "Next"
+    return (f" {verb}: exercise {e.number}, {e.title}: tinyamp exercises check {directory} --only {e.number}, "
+            f"or pytest {directory} -m {e.id}")  # fmt: skip
 
 
 def row(number: str, title: str, result: str, seconds: str, why: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
+from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise
 from tinyamp.exercises.source_checks import dynamic_access, float8_mention, float16_conversion, tinyamp_names_used
 
 PASSED, NOT_STARTED, FAILED = "passed", "not started", "failed"
@@ -149,23 +149,6 @@ def preload(exercises: Iterable[Exercise]) -> None:
 
     for module in dict.fromkeys(e.module for e in exercises):
         importlib.import_module(f"tinyamp.exercises.graders.{module}")
-
-
-def assert_passes(exercise_id: str, workspace: Path) -> None:
-    """For the workspace's pytest file: fail the test with the grader's sentence unless the exercise passes.
-
-    It grades as ``tinyamp exercises check`` does: in a child process, on a copy of the workspace.
-    """
-    import pytest
-
-    from tinyamp.exercises.isolation import grade_isolated
-
-    exercise = find(exercise_id)
-    result = next(grade_isolated([exercise], Path(workspace)))
-    if result.status == NOT_STARTED:
-        pytest.fail(f"Exercise {exercise.number} is not started: {exercise.first_steps}", pytrace=False)
-    if result.status == FAILED:
-        pytest.fail(f"Exercise {exercise.number} failed: {result.message}", pytrace=False)
 
 
 def load(exercise: Exercise, workspace: Path) -> Any:

@@ -59,6 +59,23 @@ class Limits:
         return Limits(DEFAULT_TIMEOUT * (DEEP if deep else 1))
 
 
+def assert_passes(exercise_id: str, workspace: Path) -> None:
+    """For the workspace's pytest file: fail the test with the grader's sentence unless the exercise passes.
+
+    It grades as ``tinyamp exercises check`` does: in a child process, on a copy of the workspace.
+    """
+    import pytest
+
+    from tinyamp.exercises.grading import FAILED, NOT_STARTED
+
+    exercise = find(exercise_id)
+    result = next(grade_isolated([exercise], Path(workspace)))
+    if result.status == NOT_STARTED:
+        pytest.fail(f"Exercise {exercise.number} is not started: {exercise.first_steps}", pytrace=False)
+    if result.status == FAILED:
+        pytest.fail(f"Exercise {exercise.number} failed: {result.message}", pytrace=False)
+
+
 def grade_isolated(
     exercises: Sequence[Exercise], workspace: Path, deep: bool = False, limits: Limits | None = None, jobs: int = 1
 ) -> Iterator[Any]:

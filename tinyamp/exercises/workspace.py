@@ -108,7 +108,7 @@ def test_file() -> str:
     )
     return (
         f'"""One test per exercise: `pytest -m ex5_1` runs the grader of Exercise 5.1 on {PACKAGE}/loss_scaling.py."""'
-        "\n\nfrom pathlib import Path\n\nimport pytest\n\nfrom tinyamp.exercises.grading import assert_passes\n\n"
+        "\n\nfrom pathlib import Path\n\nimport pytest\n\nfrom tinyamp.exercises.isolation import assert_passes\n\n"
         f"WORKSPACE = Path(__file__).resolve().parents[1]\n{tests}"
     )
 

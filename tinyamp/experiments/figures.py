@@ -1,4 +1,4 @@
-"""Figures from results.json: loss curves, the loss scale, measured failures, the gradient histogram.
+"""Figures from results.json: loss curves, the loss scale, measured failures, the gradients, FP8 tensors.
 
 matplotlib is optional (``pip install "tinyamp[plots]"``); it is imported only here, only
 when a figure is drawn, through its object API (``matplotlib.figure.Figure``: no pyplot,
@@ -42,6 +42,7 @@ LINE_WIDTH = 1.4  # points
 HIDDEN_DASHES = (0, (4.0, 3.0))  # a curve drawn over another is dashed, so the one beneath shows through
 TINY_LR = 0.01  # "the learning rate has reached ~0": below 1% of its peak
 FEW_POINTS = 20  # a series with fewer points gets markers: a lone measurement is a dot, not an invisible line
+KIND_COLORS = {"input": "Blues", "weight": "Greens", "grad_output": "Reds"}  # an FP8 run: a colormap per kind of tensor
 
 
 def matplotlib_available() -> bool:
@@ -440,14 +441,81 @@ def draw_gradient_histogram(task: dict[str, Any], title: str, regime: str | None
     return fig
 
 
+def _kind(name: str) -> str:
+    """The kind of a tensor, "input", "weight" or "grad_output", from its name ("blocks.0.mlp.0.grad_output.T")."""
+    return next(k for k in KIND_COLORS if f".{k}" in f".{name}")
+
+
+def _colors(names: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    out = {}
+    for kind, cmap in KIND_COLORS.items():
+        mine = [n for n in names if _kind(n) == kind]
+        for i, n in enumerate(mine):
+            out[n] = colormaps[cmap](0.45 + 0.5 * i / max(1, len(mine) - 1))
+    return out
+
+
+def draw_fp8_tensors(result: dict[str, Any], title: str) -> Any:
+    """Three panels over the steps, a line per cast tensor: its scale, its amax, and the shares of its
+    values saturated (solid) and flushed to zero (dotted), each a moving average; None without FP8."""
+    fp8 = result.get("fp8") or {}
+    tensors = fp8.get("tensors") or {}
+    if not tensors:
+        return None
+    fig = _figure(9.0, 9.0)
+    ax_scale, ax_amax, ax_share = fig.subplots(3, 1, sharex=True)
+    colors = _colors(list(tensors))
+    for name, t in tensors.items():
+        s = t["series"]
+        steps = _steps(result, len(s["amax"]))
+        if "scale" in s:
+            ax_scale.step(steps, _values(s["scale"]), where="post", color=colors[name], lw=LINE_WIDTH, label=name)
+        else:  # MXFP8: the band from the smallest to the largest block scale
+            low, high = _values(s["scale_low"]), _values(s["scale_high"])
+            ax_scale.fill_between(steps, low, high, step="post", color=colors[name], alpha=0.25, lw=0)
+            ax_scale.step(steps, low, where="post", color=colors[name], lw=LINE_WIDTH, label=name)
+        amax = _values(s["amax"])
+        ax_amax.plot(steps, np.where(np.isfinite(amax), amax, np.nan), color=colors[name], lw=LINE_WIDTH)
+        bad = np.flatnonzero(np.asarray(s["nonfinite"]) > 0)
+        if bad.size:
+            top = np.nanmax(amax[np.isfinite(amax)]) if np.isfinite(amax).any() else 1.0
+            ax_amax.plot(steps[bad], np.full(bad.size, top), "x", color="#d62728", ms=8, mew=2)
+        window = max(1, len(steps) // 60)
+        for key, style in (("saturated", "-"), ("flushed", ":")):
+            share = _smooth(100 * np.asarray(s[key], dtype=np.float64) / max(1, t["values"]), window)
+            ax_share.plot(steps, np.where(share > 0, share, np.nan), style, color=colors[name], lw=LINE_WIDTH)
+    per_tensor = "scale (x is multiplied by it before the cast)"
+    ax_scale.set_ylabel(per_tensor if "scale" in next(iter(tensors.values()))["series"] else
+                        "block scales, smallest (line) to largest")  # fmt: skip
+    ax_scale.set_yscale("log", base=2)
+    ax_amax.set_ylabel("amax (largest |value|) per step")
+    ax_amax.set_yscale("log", base=10)
+    ax_share.set_ylabel("% of the values: saturated (solid),\nflushed to zero (dotted)")
+    ax_share.set_yscale("log", base=10)
+    ax_share.set_xlabel("step")
+    totals = fp8["totals"]
+    never = [k for k in ("saturated", "flushed") if not totals["forward"][k] + totals["backward"][k]]
+    if never:
+        ax_share.set_title(f"no value {' or '.join('flushed to zero' if k == 'flushed' else k for k in never)} "
+                           "in the whole run", fontsize="small")  # fmt: skip
+    if any(totals[p]["nonfinite"] for p in totals):
+        ax_amax.set_title("x: a step whose cast met an inf or a NaN (cast to NaN, the step skipped)", fontsize="small")
+    for ax in (ax_scale, ax_amax, ax_share):
+        ax.grid(True, which="both", alpha=0.3)
+    ax_scale.set_title(f"{title}: {fp8['summary']}", fontsize="medium")
+    ax_scale.legend(fontsize="xx-small", ncol=3 if len(tensors) > 12 else 1, loc="center left",
+                    bbox_to_anchor=(1.01, 0.5))  # fmt: skip
+    return fig
+
+
 def write_figures(document: dict[str, Any], folder: Path) -> list[Path]:
     """Every figure for every task of a results.json document, as PNG files in `folder`.
 
     A figure with nothing to show (no regime measured anything) is not written, so the
     list returned names only files that exist.
     """
-    from tinyamp.experiments import fp8_report  # (it imports this module's helpers)
-
     paths = []
     for name, task in document["tasks"].items():
         what = "digits MLP" if name == "mlp" else "char transformer"
@@ -462,7 +530,7 @@ def write_figures(document: dict[str, Any], folder: Path) -> list[Path]:
                 fig.savefig(path)
                 paths.append(path)
         for regime, result in task["regimes"].items():  # each FP8 regime: its tensors' scales and counts
-            fig = fp8_report.draw_fp8_tensors(result, f"{what}, {regime}")
+            fig = draw_fp8_tensors(result, f"{what}, {regime}")
             if fig is not None:
                 path = folder / f"{name}_{regime}_tensors.png"
                 fig.savefig(path)

@@ -10,7 +10,7 @@ from typing import Any
 
 from tinyamp import random
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 
 class Dropout(Function):
@@ -25,10 +25,9 @@ class Dropout(Function):
         return (g * mask,)
 
 
+@takes_a_tensor
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero elements of `x` with probability `p` (only when `training`)."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "dropout")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1); got {p}")
     if not training or p == 0.0:

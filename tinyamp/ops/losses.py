@@ -16,7 +16,7 @@ from tinyamp.backend import get_array_module
 from tinyamp.dtypes import accumulation_dtype
 from tinyamp.function import Function
 from tinyamp.ops.softmax import stable_log_softmax
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -64,13 +64,12 @@ class CrossEntropy(Function):
         return kernels.cast(grad.reshape(shape), log_probs.dtype), None
 
 
+@takes_a_tensor(what="logits")
 def cross_entropy(logits: Tensor, labels: Tensor | Any, reduction: str = "mean") -> Tensor:
     """Cross-entropy between `logits` (..., C) and integer class `labels` (...) in [0, C).
 
     ``reduction`` is "mean" (default), "sum" or "none" (one loss per label).
     """
-    if not isinstance(logits, Tensor):
-        raise not_a_tensor(logits, "cross_entropy (logits)")
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
     if not isinstance(labels, Tensor):

@@ -26,7 +26,7 @@ from tinyamp.backend import DeviceError
 from tinyamp.function import Function
 from tinyamp.ops.arithmetic import operands
 from tinyamp.ops.broadcasting import unbroadcast
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 
 def _swap(x: Any) -> Any:
@@ -120,10 +120,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise ValueError(f"matmul batch axes do not broadcast: {a.shape} @ {b.shape}") from None
 
 
+@takes_a_tensor(what="a Linear layer's input")
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """$x W^T + b$: x (..., in), W (out, in), b (out,)."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "linear (a Linear layer's input)")
     if weight.ndim != 2:
         raise ValueError(f"linear needs a 2-D weight (out, in); got shape {weight.shape}")
     if x.ndim == 0 or x.shape[-1] != weight.shape[1]:

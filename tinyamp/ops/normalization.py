@@ -16,7 +16,7 @@ from tinyamp import kernels
 from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 
 def layer_norm_forward(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, Any, Any]:
@@ -74,10 +74,9 @@ class LayerNorm(Function):
         return tuple(grads)
 
 
+@takes_a_tensor
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Layer norm over the last axis of `x`, with optional per-feature `weight` and `bias`."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "layer_norm")
     d = x.shape[-1] if x.ndim else 0
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and p.shape != (d,):

@@ -16,7 +16,7 @@ from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.dtypes import accumulation_dtype
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 Axis = int | Sequence[int] | None
 
@@ -94,22 +94,20 @@ class Max(Function):
             return (kernels.cast(_expand(g, axes, keepdims) * is_max / count, x.dtype),)
 
 
+@takes_a_tensor
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Sum over `axis` (all axes when None)."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "sum")
     (x,) = cast_inputs("sum", x)
     return Sum.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)
 
 
+@takes_a_tensor
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Mean over `axis` (all axes when None); integer tensors average as float32.
 
     A mean over no elements (an axis of size 0) is 0/0: an error here, where NumPy would warn
     and return NaN.
     """
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "mean")
     axes = normalize_axes(axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):
         raise ValueError(
@@ -122,10 +120,9 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return Mean.apply(x, axes=axes, keepdims=keepdims)
 
 
+@takes_a_tensor
 def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Maximum over `axis` (all axes when None)."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "max")
     if x.size == 0:
         raise ValueError(f"max of an empty tensor (shape {x.shape}) is undefined")
     return Max.apply(x, axes=normalize_axes(axis, x.ndim), keepdims=keepdims)

@@ -13,7 +13,7 @@ from tinyamp import kernels
 from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 
 def stable_log_softmax(x: Any, axis: int) -> Any:
@@ -69,17 +69,15 @@ def _check_axis(x: Tensor, axis: int) -> int:
     return axis % x.ndim
 
 
+@takes_a_tensor
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along `axis`: positive values that sum to 1."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "softmax")
     (x,) = cast_inputs("softmax", x)
     return Softmax.apply(x, axis=_check_axis(x, axis))
 
 
+@takes_a_tensor
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Logarithm of softmax along `axis`, without forming softmax (no log(0))."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "log_softmax")
     (x,) = cast_inputs("log_softmax", x)
     return LogSoftmax.apply(x, axis=_check_axis(x, axis))

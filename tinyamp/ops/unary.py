@@ -14,7 +14,7 @@ from tinyamp import kernels
 from tinyamp.autocast import cast_inputs
 from tinyamp.backend import get_array_module
 from tinyamp.function import Function
-from tinyamp.tensor import Tensor, not_a_tensor
+from tinyamp.tensor import Tensor, takes_a_tensor
 
 
 class Neg(Function):
@@ -150,57 +150,49 @@ class GELU(Function):
         return (kernels.call("gelu_backward", gelu_backward, g, x),)
 
 
+@takes_a_tensor
 def neg(x: Tensor) -> Tensor:
     """$-x$."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "neg")
     return Neg.apply(x)
 
 
+@takes_a_tensor
 def exp(x: Tensor) -> Tensor:
     """$e^x$ elementwise (float16 overflows to inf for x > 11.09)."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "exp")
     return Exp.apply(*cast_inputs("exp", x))
 
 
+@takes_a_tensor
 def log(x: Tensor) -> Tensor:
     """Natural logarithm elementwise."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "log")
     return Log.apply(*cast_inputs("log", x))
 
 
+@takes_a_tensor
 def sqrt(x: Tensor) -> Tensor:
     """Square root elementwise."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "sqrt")
     return Sqrt.apply(x)
 
 
+@takes_a_tensor
 def tanh(x: Tensor) -> Tensor:
     """Hyperbolic tangent elementwise."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "tanh")
     return Tanh.apply(x)
 
 
+@takes_a_tensor
 def sigmoid(x: Tensor) -> Tensor:
     """Logistic sigmoid elementwise."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "sigmoid")
     return Sigmoid.apply(x)
 
 
+@takes_a_tensor
 def relu(x: Tensor) -> Tensor:
     """$\\max(x, 0)$ elementwise."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "relu")
     return ReLU.apply(x)
 
 
+@takes_a_tensor
 def gelu(x: Tensor) -> Tensor:
     """GELU (tanh approximation) elementwise."""
-    if not isinstance(x, Tensor):
-        raise not_a_tensor(x, "gelu")
     return GELU.apply(x)
