@@ -9,15 +9,23 @@ and the presets with the same flags.  Where the libraries are installed, the liv
 
 from __future__ import annotations
 
+import collections
 import copy
+import importlib
+import importlib.metadata
 import importlib.util
+import io
 import json
 import math
+import os
+import pathlib
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import hysteresis_settings
 
@@ -127,6 +135,22 @@ def test_fairseq_threshold_and_min_loss_scale() -> None:
                        r"min_loss_scale=1.*lower the learning rate"):  # fmt: skip
         e.update(True)
     assert e.state_dict() == before and e.scale == 2.0
+
+
+def test_a_growth_past_the_largest_float_gives_inf_and_the_scale_stays_there_as_in_the_libraries() -> None:
+    # megatron-core grad_scaler.py update: self._scale = self._scale * self.growth_factor (float32: 2^127 * 2 is
+    # inf), and later torch.max(inf * backoff_factor, min_scale) is inf; DeepSpeed: self.cur_scale *= 2.0 in a
+    # Python float; fairseq: self.loss_scale *= self.scale_factor
+    m = LossScaler.preset("megatron", initial_scale=2.0**127, growth_interval=1, hysteresis=1)
+    assert run(m, [F, T, F]) == [(math.inf, "grew", 1), (math.inf, "backed_off", 0), (math.inf, "grew", 1)]
+    assert m.state == "at_ceiling"
+    d = LossScaler.preset("deepspeed", init_scale=2.0**1023, scale_window=1, delayed_shift=1)
+    assert [e.scale_after for e in (d.update(f) for f in [F, F, T, F, F])] == [2.0**1023, math.inf, math.inf,
+                                                                               math.inf, math.inf]  # fmt: skip
+    f = LossScaler.preset("fairseq", init_scale=2.0**1022, scale_factor=4.0, scale_window=1)
+    assert run(f, [F, T]) == [(math.inf, "grew", 0), (math.inf, "backed_off", 0)]
+    restored = HysteresisScaler.from_state_dict(json.loads(json.dumps(m.state_dict())))  # "Infinity" in JSON
+    assert restored.scale == math.inf and restored.counters == m.counters
 
 
 # ---- settings ---------------------------------------------------------------------------------------------
@@ -304,7 +328,7 @@ def test_presets_follow_the_library_code_step_for_step(library: str, data: st.Da
         assert not e.found_inf or e.scale_after <= e.scale_before or e.event == "hit_floor"
         assert (e.event == "tolerated") == (e.found_inf and e.scale_after == e.scale_before and
                                              e.state == "tolerated")  # fmt: skip
-        assert math.isfinite(e.scale_after) and e.scale_after > 0
+        assert e.scale_after > 0  # inf too: a growth past the dtype's largest float gives inf, as in the libraries
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
@@ -351,72 +375,216 @@ def test_a_bad_state_dict_changes_nothing_and_says_why() -> None:
 
 
 # ---- the live libraries, where installed -------------------------------------------------------------------
-def _live(library: str, settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
-    pytest.importorskip("torch")
-    import torch
+# Each library's own class, driven with the flags the preset gets.  Only the library's surroundings are adapted:
+# Megatron's tensors, made for 'cuda', are made on the CPU; DeepSpeed asks deepspeed.comm (its torch.distributed)
+# for its rank, and is told 1 (a rank that does not log); fairseq's scaler file is loaded alone, as its package
+# imports much more.
+WANTED = {"megatron": ("megatron-core", "0.16.1"), "deepspeed": ("deepspeed", "0.19.8"),
+          "fairseq": ("fairseq", "0.12.2")}  # fmt: skip
+FLOOR_ERRORS = {"deepspeed": (Exception, "Current loss scale already at minimum"),
+                "fairseq": (FloatingPointError, "Minimum loss scale reached")}  # fmt: skip
+SCALER_MODULES = {"megatron": "megatron.core.optimizer.grad_scaler", "deepspeed": "deepspeed.runtime.fp16.loss_scaler"}
+TOP_EXPONENT = {"megatron": 127, "deepspeed": 1023, "fairseq": 1023}  # the largest power of two of the scale's dtype
+RUNS = st.lists(st.tuples(st.booleans(), st.integers(1, 40)), max_size=40)  # (flag, how many steps in a row)
+LIVE_FLAGS = (
+    st.integers(0, 300).flatmap(lambda n: st.lists(st.booleans(), min_size=n, max_size=n))
+    | st.integers(0, 300).flatmap(lambda n: st.lists(st.sampled_from([F, F, F, F, F, F, T]), min_size=n, max_size=n))
+    | RUNS.map(lambda runs: [flag for flag, n in runs for _ in range(n)])
+)
+LIVE_EXAMPLES = max(200, settings.default.max_examples)
+TALLY: dict[str, collections.Counter] = {library: collections.Counter() for library in LIBRARIES}
 
-    if library == "megatron":
-        grad_scaler = pytest.importorskip("megatron.core.optimizer.grad_scaler")
-        real = torch.tensor  # its tensors go to 'cuda': on a CPU-only machine they stay on the CPU
-        monkeypatch.setattr(grad_scaler.torch, "tensor", lambda *a, **k: real(*a, **{**k, "device": "cpu"}))
-        live = grad_scaler.DynamicGradScaler(**settings)
-        return live, lambda: (float(live.scale.item()), {"growth_tracker": live._growth_tracker,
-                                                         "hysteresis_tracker": live._hysteresis_tracker})  # fmt: skip
-    if library == "deepspeed":
-        loss_scaler = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
-        monkeypatch.setattr(loss_scaler.dist, "get_rank", lambda: 1)  # no torch.distributed: no rank-0 log
-        live = loss_scaler.DynamicLossScaler(**settings)
-        live.update = live.update_scale
-        return live, lambda: (float(live.cur_scale), {"cur_iter": live.cur_iter, "cur_hysteresis": live.cur_hysteresis,
-                                                      "last_overflow_iter": live.last_overflow_iter})  # fmt: skip
+
+def _skip_unless_installed(library: str) -> None:
+    name, version = WANTED[library]
+    install = f"pip install torch {name}=={version} (on Python 3.11; they run on a CPU)"
+    for module in ("torch", {"megatron": "megatron.core", "deepspeed": "deepspeed"}[library]):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"the live {library} test needs {module}, which is not installed: {install}")
+    found = importlib.metadata.version(name)
+    if found != version:
+        pytest.skip(f"the {library} preset follows {name} {version}; {found} is installed: {install}")
+
+
+def _fairseq_module() -> Any:
+    """fairseq 0.12.2's fairseq/optim/dynamic_loss_scaler.py (it imports nothing), from an installed fairseq or
+    from the fairseq source tree named by TINYAMP_FAIRSEQ_SOURCE (an unpacked fairseq-0.12.2 sdist)."""
     spec = importlib.util.find_spec("fairseq")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("fairseq is not installed")
-    path = f"{list(spec.submodule_search_locations)[0]}/optim/dynamic_loss_scaler.py"  # the module alone:
-    module_spec = importlib.util.spec_from_file_location("fairseq_dynamic_loss_scaler", path)  # fairseq's
-    module = importlib.util.module_from_spec(module_spec)  # package imports much that is not needed here
+    tree = pathlib.Path(list(spec.submodule_search_locations)[0]).parent if spec else None
+    tree = pathlib.Path(os.environ["TINYAMP_FAIRSEQ_SOURCE"]) if "TINYAMP_FAIRSEQ_SOURCE" in os.environ else tree
+    if tree is None:
+        pytest.skip("the live fairseq test needs fairseq 0.12.2's source: pip install fairseq==0.12.2, or set "
+                    "TINYAMP_FAIRSEQ_SOURCE to an unpacked fairseq-0.12.2 sdist")  # fmt: skip
+    version, path = tree / "fairseq" / "version.txt", tree / "fairseq" / "optim" / "dynamic_loss_scaler.py"
+    if not version.is_file() or version.read_text().strip() != "0.12.2" or not path.is_file():
+        pytest.skip(f"{tree} is not a fairseq 0.12.2 source tree with fairseq/optim/dynamic_loss_scaler.py")
+    module_spec = importlib.util.spec_from_file_location("fairseq_0_12_2_dynamic_loss_scaler", path)
+    module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    live = module.DynamicLossScaler(**settings)
+    return module
 
-    def update(flag: bool) -> None:
-        if flag:
+
+@pytest.fixture(scope="module")
+def live_module(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The scaler module of the library `request.param`, imported once, or the test's skip naming what to install;
+    at the end, what was compared (shown with pytest -s)."""
+    library = request.param
+    if library == "fairseq":
+        module = _fairseq_module()
+    else:
+        _skip_unless_installed(library)
+        module = importlib.import_module(SCALER_MODULES[library])
+    yield module
+    if TALLY[library]:
+        print(f"\nlive {library}: {', '.join(f'{n} {what}' for what, n in TALLY[library].items())}")
+        TALLY[library].clear()
+
+
+class _TorchOnTheCpu:
+    """The ``torch`` that Megatron's grad_scaler.py sees: a tensor it asks for on 'cuda' is made on the CPU."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self.cuda = types.SimpleNamespace(current_device=lambda: 0)  # read by load_state_dict only
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def tensor(self, *args: Any, **kwargs: Any) -> Any:
+        return self._torch.tensor(*args, **{**kwargs, "device": "cpu"})
+
+
+class _Cuda:
+    """A saved CPU tensor whose ``.cuda(device)`` (Megatron's load_state_dict calls it) returns it as it is."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def cuda(self, device: int) -> Any:
+        return self.tensor
+
+
+class Live:
+    """A library's own scaler behind ``update(found_inf)``, ``values()`` (scale, counters) and ``restored()``."""
+
+    def __init__(self, library: str, module: Any, settings: dict[str, Any]) -> None:
+        self.library, self.module, self.settings = library, module, settings
+        self.live = {"megatron": lambda: module.DynamicGradScaler(**settings),
+                     "deepspeed": lambda: module.DynamicLossScaler(**settings),
+                     "fairseq": lambda: module.DynamicLossScaler(**settings)}[library]()  # fmt: skip
+
+    def update(self, found_inf: bool) -> None:
+        if self.library == "megatron":
+            self.live.update(found_inf)
+        elif self.library == "deepspeed":
+            self.live.update_scale(found_inf)
+        else:  # fairseq: check_overflow(grad_norm) at every step; update() after a step that was taken
             try:
-                live.check_overflow(float("inf"))
-            except OverflowError:
-                pass
+                self.live.check_overflow(math.inf if found_inf else 1.0)
+            except OverflowError:  # the skipped step: fairseq's trainer catches it
+                return
+            self.live.update()
+
+    def values(self) -> tuple[float, dict[str, int]]:
+        x = self.live
+        if self.library == "megatron":  # read through its state_dict, the one it saves
+            d = x.state_dict()
+            assert d["scale"].dtype == self.module.torch.float32 and d["scale"].shape == (1,)
+            return float(d["scale"].item()), {"growth_tracker": d["growth_tracker"],
+                                              "hysteresis_tracker": d["hysteresis_tracker"]}  # fmt: skip
+        if self.library == "deepspeed":
+            return float(x.cur_scale), {"cur_iter": x.cur_iter, "last_overflow_iter": x.last_overflow_iter,
+                                        "cur_hysteresis": x.cur_hysteresis}  # fmt: skip
+        return float(x.loss_scale), {"iter": x._iter, "last_overflow_iter": x._last_overflow_iter,
+                                     "last_rescale_iter": x._last_rescale_iter,
+                                     "overflows_since_rescale": x._overflows_since_rescale}  # fmt: skip
+
+    def restored(self) -> Live | None:
+        """A new scaler resumed as the library resumes one (Megatron: its state_dict through torch.save and
+        load_state_dict; DeepSpeed: the object itself pickled, as ZeRO's checkpoint saves it); fairseq's
+        checkpoint keeps the loss scale only, not its counters: None."""
+        if self.library == "fairseq":
+            return None
+        torch = self.module.torch
+        other = Live(self.library, self.module, self.settings)
+        buffer = io.BytesIO()
+        if self.library == "megatron":
+            torch.save(self.live.state_dict(), buffer)
+            saved = torch.load(io.BytesIO(buffer.getvalue()))
+            other.live.load_state_dict({**saved, "scale": _Cuda(saved["scale"])})
         else:
-            live.update()
-
-    live_port = type("Live", (), {})()
-    live_port.update = update
-    return live_port, lambda: (float(live.loss_scale), {
-        "iter": live._iter, "last_overflow_iter": live._last_overflow_iter,
-        "last_rescale_iter": live._last_rescale_iter, "overflows_since_rescale": live._overflows_since_rescale,
-    })  # fmt: skip
+            torch.save(self.live, buffer)  # zero/stage_1_and_2.py: state_dict[LOSS_SCALER] = self.loss_scaler
+            other.live = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+        return other
 
 
-@pytest.mark.parametrize("library", LIBRARIES)
-@pytest.mark.parametrize("seed", range(20))
-def test_presets_match_the_live_library(library: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = np.random.default_rng(seed)
-    settings = _seeded_settings(library, rng)
-    live, values = _live(library, settings, monkeypatch)
-    live.values = values
-    flags = [bool(f) for f in rng.random(300) < rng.uniform(0.05, 0.6)]
-    compare(library, settings, flags, live)
+@st.composite
+def live_settings(draw: Any, library: str) -> dict[str, Any]:
+    """``hysteresis_settings``, and in one draw of four the same moved up to within 10 doublings of the top of
+    the scale's dtype, where a few growths reach inf."""
+    s = draw(hysteresis_settings(library))
+    start = {"megatron": "initial_scale"}.get(library, "init_scale")
+    if draw(st.integers(0, 3)) == 0:
+        shift = TOP_EXPONENT[library] - draw(st.integers(0, 10)) - math.frexp(s[start])[1] + 1
+        for key in (start, "min_scale", "threshold", "min_loss_scale"):
+            if s.get(key) is not None:
+                s[key] = math.ldexp(s[key], shift)
+    return s
 
 
-def _seeded_settings(library: str, rng: np.random.Generator) -> dict[str, Any]:
-    start = 2.0 ** int(rng.integers(0, 20))
-    floor = start / 2.0 ** int(rng.integers(0, 8))
-    window = int(rng.integers(1, 6))
-    if library == "megatron":
-        return dict(initial_scale=start, min_scale=floor, growth_factor=2.0, backoff_factor=0.5,
-                    growth_interval=window, hysteresis=int(rng.integers(1, 5)))  # fmt: skip
-    if library == "deepspeed":
-        return dict(init_scale=start, scale_window=window, min_scale=floor, delayed_shift=int(rng.integers(1, 5)),
-                    consecutive_hysteresis=bool(rng.integers(2)),
-                    raise_error_at_min_scale=bool(rng.integers(2)))  # fmt: skip
-    return dict(init_scale=start, scale_factor=2.0, scale_window=window,
-                tolerance=float(rng.choice([0, 0.25, 0.5])), threshold=None if rng.integers(2) else floor,
-                min_loss_scale=floor / 2)  # fmt: skip
+@pytest.mark.parametrize("library, live_module", [(library, library) for library in LIBRARIES],
+                         indirect=["live_module"], ids=LIBRARIES)  # fmt: skip
+@settings(max_examples=LIVE_EXAMPLES)
+@given(data=st.data())
+def test_presets_match_the_live_library(library: str, live_module: Any, data: st.DataObject) -> None:
+    """The preset and the library's own class, given the same overflows: the same scale and counters after every
+    step, the floor error at the same step, and (Megatron, DeepSpeed) the same future after a resume."""
+    module = live_module
+    settings_ = data.draw(live_settings(library), label="settings")
+    flags = data.draw(LIVE_FLAGS, label="flags")
+    resume_at = data.draw(st.integers(0, len(flags)), label="resume_at")
+    tally, floor_error = TALLY[library], FLOOR_ERRORS[library][0] if library in FLOOR_ERRORS else ()
+    tally["examples"] += 1
+    with pytest.MonkeyPatch.context() as patch:
+        if library == "megatron":
+            patch.setattr(module, "torch", _TorchOnTheCpu(module.torch))
+        if library == "deepspeed":
+            patch.setattr(module, "dist", types.SimpleNamespace(get_rank=lambda: 1))
+        live, ours = Live(library, module, settings_), LossScaler.preset(library, **settings_)
+        assert (ours.scale, ours.counters) == live.values()
+        for i, flag in enumerate(flags):
+            where = f"at step {i} of {flags[: i + 1]}"
+            if i == resume_at and (resumed := live.restored()) is not None:
+                live, ours = resumed, HysteresisScaler.from_state_dict(json.loads(json.dumps(ours.state_dict())))
+                assert (ours.scale, ours.counters) == live.values(), f"resumed {where}"
+                tally["resumes"] += 1
+            try:
+                live.update(flag)
+            except floor_error as exc:
+                assert FLOOR_ERRORS[library][1] in str(exc), where
+                with pytest.raises(LossScaleFloorError):
+                    ours.update(flag)
+                assert ours.scale == live.values()[0], where  # both keep the scale at which the run ends
+                tally["runs ended by the floor error"] += 1
+                return
+            ours.update(flag)
+            tally["steps compared"] += 1
+            assert (ours.scale, ours.counters) == live.values(), where
+        tally["steps that hit the floor"] += sum(e.event == "hit_floor" for e in ours.history)
+        tally["runs that reached an inf scale"] += ours.scale == math.inf
+
+
+@pytest.mark.parametrize("live_module", ["deepspeed"], indirect=True)
+def test_deepspeed_rank_0_cannot_log_an_overflow_at_an_inf_scale(live_module: Any) -> None:
+    """What the hysteresis_rules docstring says of DeepSpeed's rank 0 at an inf scale: its log line's
+    int(self.cur_scale) raises OverflowError (the preset follows the other ranks, which go on)."""
+    live = live_module.DynamicLossScaler(init_scale=2.0**1023, scale_window=1, min_scale=1.0, delayed_shift=2,
+                                         consecutive_hysteresis=False)  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(live_module, "dist", types.SimpleNamespace(get_rank=lambda: 0))
+        live.update_scale(False), live.update_scale(False)  # stable_interval 0, then 1: 2^1024 is inf
+        assert live.cur_scale == math.inf
+        with pytest.raises(OverflowError, match="cannot convert float infinity to integer"):
+            live.update_scale(True)
+    ours = LossScaler.preset("deepspeed", init_scale=2.0**1023, scale_window=1)
+    assert run(ours, [F, F, T]) == [(2.0**1023, "held", 2), (math.inf, "grew", 2), (math.inf, "tolerated", 1)]

@@ -148,8 +148,8 @@ def _validated(scaler: HysteresisScaler, d: Any) -> tuple[float, dict[str, int],
     if d["config"] != scaler.config:
         raise fail(f"it was saved by a scaler configured as {d['config']!r}; this one is {scaler.config!r}")
     scale, counters, steps = d["scale"], d["counters"], d["step_count"]
-    if not isinstance(scale, float) or not (math.isfinite(scale) and scale > 0) or rule.round(scale) != scale:
-        raise fail(f"scale={scale!r} is not a finite float > 0 representable in {rule.scale_dtype}")
+    if not isinstance(scale, float) or not scale > 0 or rule.round(scale) != scale:  # inf: grown past the top
+        raise fail(f"scale={scale!r} is not a float > 0 (or inf, as the library's grows) in {rule.scale_dtype}")
     start = rule.start()
     if not isinstance(counters, dict) or set(counters) != set(start) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in counters.values()

@@ -44,10 +44,18 @@ The state after each transition (the first matching row wins): "tolerated", the 
 and the scale did not back off; "at_floor", the scale equals the floor (``min_scale``; fairseq's
 ``threshold``); "at_ceiling", one more growth would not be finite; "backed_off"; "steady".
 
-Kept on purpose: none of the three libraries checks that a grown scale is finite; here, as in
-PyTorch, a growth to inf is refused and the scale kept (event "hit_ceiling").  At the defaults the
-first inf would come after 96,000 clean steps (Megatron, float32 from 2^32), about a million
-(DeepSpeed, float64 from 2^16) or two million (fairseq, from 2^15).
+None of the three libraries checks that a grown scale is finite, and neither does the rule here
+(unlike the classic presets, which refuse a growth to inf, as PyTorch does): a growth past the
+largest float of the scale's dtype gives inf (event "grew", state "at_ceiling"), as Megatron's
+``self._scale = self._scale * self.growth_factor`` (grad_scaler.py, ``update``), DeepSpeed's
+``self.cur_scale *= self.scale_factor`` (loss_scaler.py, ``update_scale``) and fairseq's
+``self.loss_scale *= self.scale_factor`` (dynamic_loss_scaler.py, ``update``) do.  The scale then
+stays inf: a backoff gives inf again (inf * backoff_factor, inf / 2, inf / scale_factor), and a
+training step at that scale overflows.  At the defaults the first inf would come after 96,000
+clean steps (Megatron, float32 from 2^32), about a million (DeepSpeed, float64 from 2^16) or two
+million (fairseq, from 2^15).  (At an overflow, DeepSpeed's rank 0 builds its log line with
+``int(self.cur_scale)`` (for its default dtype, torch.half), which raises OverflowError for an inf
+scale; its other ranks, and this rule, go on.)
 """
 
 from __future__ import annotations
@@ -130,8 +138,7 @@ class _Rule:
         return "backed_off" if event in ("backed_off", "hit_floor") else "steady"
 
     def grow(self, scale: float) -> tuple[float, str]:
-        grown = self.grown(scale)
-        return (grown, "grew") if math.isfinite(grown) else (scale, "hit_ceiling")
+        return self.grown(scale), "grew"  # inf past the dtype's largest float, as in the libraries
 
 
 class MegatronRule(_Rule):

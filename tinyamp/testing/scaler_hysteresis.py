@@ -63,8 +63,8 @@ def counter_law(library: str, settings: dict[str, Any], event: str) -> str:
         return "a clean step leaves overflows_since_rescale alone; only a backoff sets it back to 0"
     if library == "deepspeed" and settings.get("consecutive_hysteresis"):
         return "with consecutive_hysteresis=True every clean step restores cur_hysteresis to delayed_shift"
-    if event in ("grew", "hit_ceiling"):
-        return f"the end of the growth window restores the {COUNTER_NAMES[library]} (even when the growth is refused)"
+    if event == "grew":
+        return f"the end of the growth window restores the {COUNTER_NAMES[library]}"
     return f"a clean step restores the {COUNTER_NAMES[library]} only when the scale grows, not at every clean step"
 
 
