@@ -262,7 +262,7 @@ def test_json_prints_one_record_per_exercise(tmp_path: Path) -> None:
     records = json.loads(done.stdout)  # only JSON on stdout
     assert [r["number"] for r in records] == ["2.1", "5.3"]
     assert set(records[0]) == {"number", "id", "title", "status", "reason", "seconds", "points", "max_points"}
-    assert records[0]["status"] == "failed" and "your backward gives" in records[0]["reason"]
+    assert records[0]["status"] == "failed" and "your softmax_backward gives" in records[0]["reason"]
     assert records[1]["status"] == "not started" and records[1]["reason"].startswith("write scaling_is_exact in")
     assert [r["points"] for r in records] == [0, 0] and [r["max_points"] for r in records] == [1, 1]
     assert all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in records)

@@ -230,28 +230,28 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "axis ignored",
         "return y * (g - (g * y).sum(axis=axis, keepdims=True))",
         "return y * (g - (g * y).sum(axis=-1, keepdims=True))",
-        r"and axis = -?\d: .*your backward gives .*, finite differences give",
+        r"and axis = -?\d: .*your \w+_backward gives .*, finite differences give",
     ),
     (
         "ex2_1",
         "the sum without g",
         "return y * (g - (g * y).sum(axis=axis, keepdims=True))",
         "return y * (g - y.sum(axis=axis, keepdims=True))",
-        r"your backward gives .*, finite differences give",
+        r"your \w+_backward gives .*, finite differences give",
     ),
     (
         "ex2_2",
         "axis ignored",
         "return g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
         "return g - np.exp(y) * g.sum(axis=-1, keepdims=True)",
-        r"and axis = -?\d: .*your backward gives .*, finite differences give",
+        r"and axis = -?\d: .*your \w+_backward gives .*, finite differences give",
     ),
     (
         "ex2_2",
         "y used as probabilities",
         "return g - np.exp(y) * g.sum(axis=axis, keepdims=True)",
         "return g - y * g.sum(axis=axis, keepdims=True)",
-        r"your backward gives .*, finite differences give",
+        r"your \w+_backward gives .*, finite differences give",
     ),
     (
         "ex2_2",
@@ -265,21 +265,21 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "rstd ignored",
         "return rstd * (g - g.mean(",
         "return 1.0 * (g - g.mean(",
-        r"your backward gives .*, finite differences give",
+        r"your \w+_backward gives .*, finite differences give",
     ),
     (
         "ex2_3",
         "the variance's share dropped",
         "- xhat * (g * xhat).mean(axis=-1, keepdims=True))",
         ")",
-        r"your backward gives .*, finite differences give",
+        r"your \w+_backward gives .*, finite differences give",
     ),
     (
         "ex2_3",
         "the means over every axis",
         "g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True)",
         "g.mean() - xhat * (g * xhat).mean()",
-        r"\(shape \(\d+(, \d+)+\), float64\).*your backward gives .*, finite differences give",
+        r"\(shape \(\d+(, \d+)+\), float64\).*your \w+_backward gives .*, finite differences give",
     ),
     # ---- 4.1 update_is_lost ------------------------------------------------------------------------------------------
     (
@@ -691,8 +691,8 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         "an inf amax written into the history",
         "        if not math.isfinite(amax):\n            return\n",
         "        if math.isnan(amax):\n            return\n",
-        r"after the amaxes 2, inf your scale is 0, tinyamp's rule says 224: a step whose amax is NaN or inf keeps the "
-        r"previous scale and leaves the history as it was",
+        r"after the amaxes 2, inf your amax_history is \[2, inf\] .*the rule's is \[0, 2\] .*a NaN or inf amax is "
+        r"not written",  # its scale 448 / inf = 0 is held, as a quotient that underflows is: the history shows it
     ),
     (
         "ex10_2",

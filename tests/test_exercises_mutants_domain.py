@@ -3,8 +3,12 @@
 A 5.1 scaler may start below its floor (jmp's and Apex's rules allow it); a 5.2 step may
 meet a scale below 1, where unscaling overflows a finite float16 gradient, and must unscale
 every gradient even after an inf; a 5.3 law computed in float16 is wrong both at the small
-scales and, once float16(2^k) is inf, at the large ones.  Each mutant is the reference solution with one edit,
-graded as ``tinyamp exercises check`` grades it: it must fail, naming the rule it broke.
+scales and, once float16(2^k) is inf, at the large ones.  A 7.1 recomputation may leave the
+forward's dtypes or its autocast policy (backward runs after the autocast block).  A 10.2 history
+may be kept in float64 (its values agree), and its quotient may underflow to 0 (from a margin of
+31); a 10.3 emax_elem one too small looks like an exponent rounded up unless a power of two is
+tried.  Each mutant is the reference solution with one edit, graded as ``tinyamp exercises check``
+grades it: it must fail, naming the rule it broke.
 """
 
 from __future__ import annotations
@@ -62,6 +66,45 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
         r"yours says exact, but g \* S = .* is not a float16 value: it rounds to"
         r"|and k = (1[6-9]|2\d|30) \(S = 2\^\1\): at g\.flat\[\d+\] = \S+ yours says not exact, but g \* S = \S+ is a "
         r"float16 value",
+    ),
+    (
+        "ex7_1",
+        "the recomputation in float32",
+        "x_again = Tensor(x, requires_grad=self.needs_input_grad[0])",
+        "x_again = Tensor(x.astype('float32'), requires_grad=self.needs_input_grad[0])",
+        r"float16 x and parameters.*(the gradient of \w+ .* the recomputation must repeat the forward in its dtypes"
+        r"|returned a gradient of shape .* and dtype float32 for input \d+, a tensor of shape .* and dtype float16)",
+    ),
+    (
+        "ex7_1",
+        "the recomputation outside the forward's autocast",
+        "with enable_grad(), replay:",
+        "with enable_grad():",
+        r"the forward inside autocast\('\w+'\) and backward after it: (the gradient of .*under its autocast policy"
+        r"|your checkpoint_segment, its forward or its backward raised)",
+    ),
+    (
+        "ex10_2",
+        "the history kept in float64",
+        "self.amax_history = np.zeros(amax_history_len, dtype=np.float32)",
+        "self.amax_history = np.zeros(amax_history_len, dtype=np.float64)",
+        r"before any update your amax_history is ndarray float64 \(4,\); keep it a float32 array of shape \(4,\)",
+    ),
+    (
+        "ex10_2",
+        "a quotient that underflows taken as the scale",
+        "        if scale == 0:  # underflowed: a scale of 0 would zero every value\n            return\n",
+        "",
+        r"margin=40, .*after the amaxes 1, (\S+) your scale is 0, tinyamp's rule says \S+: float32\(\S+ \* 2\^-40\) / "
+        r"\1 underflows to 0 .*the previous scale is kept, as 0 would zero every value",
+    ),
+    (
+        "ex10_3",
+        "emax_elem one below the largest value's exponent",
+        'emax_elem = {"E4M3": 8, "E5M2": 15}[fmt]',
+        'emax_elem = {"E4M3": 7, "E5M2": 14}[fmt]',
+        r"yours is one higher, and one higher for a block whose amax is 1 too, a power of two, where rounding the "
+        r"exponent up changes nothing: emax_elem is (8 for E4M3|15 for E5M2) .*yours seems to use (7|14)",
     ),
 ]
 

@@ -28,7 +28,8 @@ E5M2, with its wider range, for gradients.
 Which of Transformer Engine's behaviours this follows: the rule of its per-tensor kernel
 (``common/recipe/delayed_scaling.cu``): ``FP8_MAX * 2^-margin`` rounded to float32, then one
 float32 division; an amax of 0, inf or NaN keeps the previous scale; an infinite scale becomes
-float32's max; every step's amax enters the history, zero included, and pushes the oldest
+float32's max (a quotient that underflows to 0 keeps the previous scale: tinyamp's own guard, as a
+scale of 0 would zero every value); every step's amax enters the history, zero included, and pushes the oldest
 entry out (TE's bulk kernel, in the same file, instead neither rolls the history nor updates
 the scale for a step amax of 0).  A step whose amax is NaN or inf holds the scale and leaves
 the history as it was (TE writes it: its ``"max"``, an ``fmaxf``, skips a NaN, but an inf would

@@ -36,6 +36,8 @@ def check_backward(
     inputs: SearchStrategy[tuple[Any, ...]] | None = None,
     *,
     names: Sequence[str] | None = None,
+    output: str = "f",
+    backward: str = "backward",
     max_examples: int | None = None,
     atol: float = 1e-6,
     rtol: float = 1e-5,
@@ -45,8 +47,10 @@ def check_backward(
     `inputs` draws the tuple of arguments: float64 arrays become Tensors that require grad,
     anything else (an axis) is passed as it is.  Default: one float64 array of any shape
     with values in [-2, 2] (``strategies.float_arrays()``).  `names` name the arguments in
-    messages (default: the parameter names of `fn`).  Raises AssertionError naming the
-    inputs, the element, your gradient and the finite difference.
+    messages (default: the parameter names of `fn`), `output` names fn's output in
+    ``L = sum(r * output)``, and `backward` the code whose gradient is checked ("your
+    {backward} gives").  Raises AssertionError naming the inputs, the element, your gradient
+    and the finite difference.
     """
     inputs = st.tuples(float_arrays()) if inputs is None else inputs
     names = list(names) if names is not None else _parameter_names(fn)
@@ -67,12 +71,12 @@ def check_backward(
         except NotImplementedError:
             raise
         except GradientError as exc:
-            message = str(exc).removeprefix("gradcheck: ").replace("backward gives", "your backward gives")
+            message = str(exc).removeprefix("gradcheck: ").replace("backward gives", f"your {backward} gives")
             tensor_names = [_name(names, i) for i, arr in enumerate(is_array) if arr]
             for i, name in enumerate(tensor_names):
                 message = message.replace(f"input {i} ", f"{name} ")
             raise AssertionError(
-                f"for {_args_in_words(args, names)}: {message}; L = sum(r * f) with fixed random weights r"
+                f"for {_args_in_words(args, names)}: {message}; L = sum(r * {output}) with fixed random weights r"
             ) from None
         except Exception as exc:  # the code under test failed: the inputs that make it fail, in words
             raise AssertionError(

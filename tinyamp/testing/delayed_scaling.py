@@ -70,6 +70,9 @@ TOURS: tuple[tuple[str, dict[str, Any], list[float]], ...] = (
     ("a scale beyond float32", dict(margin=0, amax_history_len=1, amax_compute_algo="max"), [2.0**-149, 1e-40, 1.0]),
     ("a margin", dict(margin=3, amax_history_len=2, amax_compute_algo="max"), [3.0, 5.0, 7.0]),
     ("a quotient rounded to float32", dict(margin=0, amax_history_len=1, amax_compute_algo="max"), [3.0, 7.0, 0.1]),
+    # 448 * 2^-40 / 2^127 = 1.75 * 2^-159 and 57344 * 2^-40 / 2^127 = 1.75 * 2^-152 are below 2^-150, half of
+    # float32's smallest subnormal: the quotient rounds to 0
+    ("a quotient that underflows", dict(margin=40, amax_history_len=1, amax_compute_algo="max"), [1.0, 2.0**127, 2.0]),
 )  # fmt: skip
 
 

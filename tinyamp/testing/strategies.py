@@ -751,14 +751,14 @@ def delayed_scaling_settings(
     """Keywords ``fp8_max, margin, amax_history_len, amax_compute_algo`` of a delayed-scaling recipe.
 
     Short histories (1..6 steps, so that a spike leaves the window within a few steps) and
-    Transformer Engine's 1024; margins 0..4 and 20.  (Not beyond 30: from a margin of 31,
-    float32(448 * 2^-margin) / amax underflows to 0 for float32's largest amax, 38 for
-    57344, and the rule does not guard against a scale of 0.)  A keyword given in `pinned` is
-    that value in every example.
+    Transformer Engine's 1024; margins 0..4, 20, and 31 and 40, where
+    float32(fp8_max * 2^-margin) / amax underflows to 0 for a large amax (from a margin of 31
+    for 448 and float32's largest amax, from 38 for 57344) and the rule keeps the previous
+    scale.  A keyword given in `pinned` is that value in every example.
     """
     drawn = {
         "fp8_max": st.sampled_from(fp8_max),
-        "margin": st.sampled_from([0, 1, 2, 3, 4, 20]),  # sampled_from shrinks to its first element
+        "margin": st.sampled_from([0, 1, 2, 3, 4, 20, 31, 40]),  # sampled_from shrinks to its first element
         "amax_history_len": st.sampled_from([1, 2, 3, 4, 5, 6, 1024]),
         "amax_compute_algo": st.sampled_from(["max", "most_recent"]),
     }

@@ -1,7 +1,9 @@
 """Graders of Exercises 2.1 to 2.3: your backward as the backward of a node, against finite differences.
 
 Each wraps the student's function as the ``backward`` of a ``Function`` whose forward is
-the usual one, then runs ``tinyamp.testing.check_backward`` on drawn shapes (and axes).
+the usual one, then runs ``tinyamp.testing.check_backward`` on drawn shapes (and axes).  A
+failure names what the student's function was given (y or xhat, rstd, and g, the gradient of
+L = sum(r * output) with fixed random weights r, so g = r) and what it returned.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from tinyamp.function import Function
 from tinyamp.ops.softmax import stable_log_softmax
 from tinyamp.tensor import Tensor
 from tinyamp.testing import check_backward
+from tinyamp.testing.counterexamples import array_in_words
 from tinyamp.testing.strategies import distinct_arrays, float_arrays, shapes
 
 Backward = Callable[..., np.ndarray]
+LAST_CALL: dict[str, np.ndarray] = {}  # the arrays the student's function was last given, for the message
+
+
+def given_to_yours(**arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Copies of `arrays` for the student's function (one that writes in place harms no one), noted in LAST_CALL."""
+    LAST_CALL.clear()
+    LAST_CALL.update({name: a.copy() for name, a in arrays.items()})
+    return tuple(a.copy() for a in arrays.values())
 
 
 class SoftmaxWithYourBackward(Function):
@@ -33,8 +44,7 @@ class SoftmaxWithYourBackward(Function):
 
     def backward(self, g: Any) -> tuple[Any]:
         (y,) = self.saved
-        # copies: a backward that writes in place harms no one
-        return (returned(self.yours(y.copy(), g.copy(), self.axis), y, "softmax_backward"),)
+        return (returned(self.yours(*given_to_yours(y=y, g=g), self.axis), y, "softmax_backward"),)
 
 
 class LogSoftmaxWithYourBackward(Function):
@@ -48,7 +58,7 @@ class LogSoftmaxWithYourBackward(Function):
 
     def backward(self, g: Any) -> tuple[Any]:
         (y,) = self.saved
-        return (returned(self.yours(y.copy(), g.copy(), self.axis), y, "log_softmax_backward"),)
+        return (returned(self.yours(*given_to_yours(y=y, g=g), self.axis), y, "log_softmax_backward"),)
 
 
 class LayerNormWithYourBackward(Function):
@@ -64,7 +74,7 @@ class LayerNormWithYourBackward(Function):
 
     def backward(self, g: Any) -> tuple[Any]:
         xhat, rstd = self.saved
-        return (returned(self.yours(xhat.copy(), rstd.copy(), g.copy()), xhat, "layer_norm_backward"),)
+        return (returned(self.yours(*given_to_yours(xhat=xhat, rstd=rstd, g=g)), xhat, "layer_norm_backward"),)
 
 
 def returned(grad: Any, like: np.ndarray, name: str) -> Any:
@@ -88,7 +98,7 @@ def grade_softmax_backward(softmax_backward: Backward, examples: int) -> None:
     def softmax(x: Tensor, axis: int) -> Tensor:
         return SoftmaxWithYourBackward.apply(x, axis=axis, backward=softmax_backward)
 
-    check_backward(softmax, arrays_and_axes(), max_examples=examples)
+    checked_backward(softmax, arrays_and_axes(), "softmax_backward", "y", examples)
 
 
 def grade_log_softmax_backward(log_softmax_backward: Backward, examples: int) -> None:
@@ -97,7 +107,7 @@ def grade_log_softmax_backward(log_softmax_backward: Backward, examples: int) ->
     def log_softmax(x: Tensor, axis: int) -> Tensor:
         return LogSoftmaxWithYourBackward.apply(x, axis=axis, backward=log_softmax_backward)
 
-    check_backward(log_softmax, arrays_and_axes(), max_examples=examples)
+    checked_backward(log_softmax, arrays_and_axes(), "log_softmax_backward", "y", examples)
 
 
 def grade_layer_norm_backward(layer_norm_backward: Backward, examples: int) -> None:
@@ -106,4 +116,17 @@ def grade_layer_norm_backward(layer_norm_backward: Backward, examples: int) -> N
     def layer_norm(x: Tensor) -> Tensor:
         return LayerNormWithYourBackward.apply(x, backward=layer_norm_backward)
 
-    check_backward(layer_norm, st.tuples(distinct_arrays(shapes(min_dims=1))), max_examples=examples)
+    checked_backward(layer_norm, st.tuples(distinct_arrays(shapes(min_dims=1))), "layer_norm_backward", "xhat",
+                     examples)  # fmt: skip
+
+
+def checked_backward(fn: Callable[..., Tensor], inputs: Any, name: str, output: str, examples: int) -> None:
+    """check_backward on `fn`, its message in the student's words: the forward's input is x, its output `output`,
+    and the arrays `name` was given are shown."""
+    try:
+        check_backward(fn, inputs, names=["x", "axis"], output=output, backward=name, max_examples=examples)
+    except AssertionError as exc:
+        if "with fixed random weights r" not in str(exc):  # it raised: the message ends where it raised
+            raise
+        got = ", ".join(array_in_words(a, k) for k, a in LAST_CALL.items())
+        raise AssertionError(f"{exc}, so g = dL/d{output} = r.  Your {name} was given {got}") from None

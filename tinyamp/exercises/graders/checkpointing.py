@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
@@ -12,6 +13,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tinyamp.autocast import autocast
 from tinyamp.ops import linear
 from tinyamp.tensor import Tensor
 from tinyamp.testing.counterexamples import blamed, check_settings, number
@@ -33,18 +35,34 @@ def blocks(weights: list[tuple[Tensor, Tensor]]) -> Callable[[Tensor], Tensor]:
 
 @st.composite
 def segment_cases(draw: Any) -> dict[str, Any]:
-    """A segment of 1 to 4 blocks of width 1 to 4 on a batch of 1 to 3 rows, float32; maybe W0 used outside it
-    too; maybe two forward and backward passes, whose gradients add up in .grad (gradient accumulation)."""
+    """A segment of 1 to 4 blocks of width 1 to 4 on a batch of 1 to 3 rows, float32 or float16, run outside
+    autocast or inside autocast("float16") or autocast("bfloat16"); maybe W0 used outside it too; maybe two
+    forward and backward passes, whose gradients add up in .grad (gradient accumulation)."""
     depth, width, batch = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
-    values = st.floats(-1.0, 1.0, width=32)
+    dtype = draw(st.sampled_from([np.float32, np.float16]))
+    values = st.floats(-1.0, 1.0, width=16)  # float16 values, exact in float32 too
     return dict(
-        x=draw(hnp.arrays(np.float32, (batch, width), elements=values)),
-        weights=[draw(hnp.arrays(np.float32, (width, width), elements=values)) for _ in range(depth)],
-        biases=[draw(hnp.arrays(np.float32, (width,), elements=values)) for _ in range(depth)],
+        x=draw(hnp.arrays(dtype, (batch, width), elements=values)),
+        weights=[draw(hnp.arrays(dtype, (width, width), elements=values)) for _ in range(depth)],
+        biases=[draw(hnp.arrays(dtype, (width,), elements=values)) for _ in range(depth)],
         x_requires_grad=draw(st.booleans()),
         w0_outside=draw(st.booleans()),
         twice=draw(st.booleans()),
+        autocast=draw(st.sampled_from([None, "float16", "bfloat16"])),
     )
+
+
+def fixed_case(dtype: Any, under: str | None) -> dict[str, Any]:
+    """Two blocks of width 2 on 2 rows of `dtype`, inside autocast(`under`) or outside it."""
+    x = np.array([[0.5, -0.25], [1.0, 0.75]], dtype)
+    w = np.array([[0.5, -1.0], [0.25, 0.125]], dtype)
+    return dict(x=x, weights=[w, w.T.copy()], biases=[np.array([0.125, -0.5], dtype)] * 2, x_requires_grad=True,
+                w0_outside=False, twice=False, autocast=under)  # fmt: skip
+
+
+# After the drawn cases, every time: the two ways mixed precision runs a segment (float32 weights under autocast,
+# and float16 weights without it), which a recompute in float32, or outside the forward's autocast, gets wrong.
+FIXED_CASES = (fixed_case(np.float32, "float16"), fixed_case(np.float16, None), fixed_case(np.float32, "bfloat16"))
 
 
 def run(case: dict[str, Any], checkpoint_segment: Checkpoint | None) -> tuple[Any, dict[str, Any]]:
@@ -55,11 +73,12 @@ def run(case: dict[str, Any], checkpoint_segment: Checkpoint | None) -> tuple[An
     params = [t for pair in pairs for t in pair]
     segment = blocks(pairs)
     for _ in range(2 if case["twice"] else 1):  # the second backward finds every .grad already holding one
-        out = segment(x) if checkpoint_segment is None else checkpoint_segment(segment, x, params)
-        loss = (out * 0.75).sum()
-        if case["w0_outside"]:  # W0 also used outside the segment: its two gradients meet
-            loss = loss + (pairs[0][0] * 0.5).sum()
-        loss.backward()
+        with autocast(case["autocast"]) if case["autocast"] else nullcontext():
+            out = segment(x) if checkpoint_segment is None else checkpoint_segment(segment, x, params)
+            loss = (out * 0.75).sum()
+            if case["w0_outside"]:  # W0 also used outside the segment: its two gradients meet
+                loss = loss + (pairs[0][0] * 0.5).sum()
+        loss.backward()  # after the autocast block has ended, as in a training step
     grads = {"x": x.grad} if case["x_requires_grad"] else {}
     for i, (w, b) in enumerate(pairs):
         grads[f"W{i}"], grads[f"b{i}"] = w.grad, b.grad
@@ -67,11 +86,14 @@ def run(case: dict[str, Any], checkpoint_segment: Checkpoint | None) -> tuple[An
 
 
 def _describe(case: dict[str, Any]) -> str:
-    depth, (batch, width) = len(case["weights"]), case["x"].shape
+    depth, (batch, width), dtype = len(case["weights"]), case["x"].shape, case["x"].dtype
     extra = ", W0 also used outside the segment" if case["w0_outside"] else ""
     extra += ", two forward and backward passes (the gradients add up in .grad)" if case["twice"] else ""
+    if case["autocast"]:
+        extra += f", the forward inside autocast({case['autocast']!r}) and backward after it"
     return (f"for {depth} block{'s' if depth > 1 else ''} tanh(linear(h)) of width {width} on x of shape "
-            f"({batch}, {width}), x requiring grad: {case['x_requires_grad']}{extra}")  # fmt: skip
+            f"({batch}, {width}), {dtype} x and parameters, x requiring grad: {case['x_requires_grad']}"
+            f"{extra}")  # fmt: skip
 
 
 def _first_difference(yours: Any, plain: Any) -> str:
@@ -80,7 +102,8 @@ def _first_difference(yours: Any, plain: Any) -> str:
     yours, plain = np.asarray(yours), np.asarray(plain)
     if yours.shape != plain.shape or yours.dtype != plain.dtype:
         return f"has shape {yours.shape} and dtype {yours.dtype}, expected {plain.shape} and {plain.dtype}"
-    wrong = np.flatnonzero(yours.reshape(-1).view(np.uint32) != plain.reshape(-1).view(np.uint32))
+    bits = f"u{plain.dtype.itemsize}"  # bit for bit, in the array's own width
+    wrong = np.flatnonzero(yours.reshape(-1).view(bits) != plain.reshape(-1).view(bits))
     if wrong.size == 0:
         return ""
     i = np.unravel_index(int(wrong[0]), plain.shape)
@@ -115,25 +138,33 @@ def memory_held(checkpoint_segment: Checkpoint | None) -> int:
     return held_after_forward(lambda: checkpoint_segment(segment, x, params))
 
 
+def same_as_the_plain_segment(checkpoint_segment: Checkpoint, case: dict[str, Any]) -> None:
+    """AssertionError in words unless output and gradients equal the plain segment's, bit for bit."""
+    plain_out, plain = run(case, None)
+    with blamed(lambda: f"{_describe(case)}: your checkpoint_segment, its forward or its backward"):
+        out, yours = run(case, checkpoint_segment)
+    difference = _first_difference(out, plain_out)
+    if difference:
+        raise AssertionError(f"{_describe(case)}: your output {difference} (the segment's own output)")
+    for name, g in plain.items():
+        difference = _first_difference(yours[name], g)
+        if difference:
+            raise AssertionError(f"{_describe(case)}: the gradient of {name} {difference}, as backpropagating "
+                                 "through the segment itself gives: the recomputation must repeat the forward in "
+                                 "its dtypes and under its autocast policy")  # fmt: skip
+
+
 def grade_checkpoint_segment(checkpoint_segment: Checkpoint, examples: int) -> None:
     """Output and every gradient bit for bit equal to the plain segment's; at most half its memory held."""
 
     @check_settings(examples)
     @given(case=segment_cases())
     def same_output_same_gradients(case: dict[str, Any]) -> None:
-        plain_out, plain = run(case, None)
-        with blamed(lambda: f"{_describe(case)}: your checkpoint_segment, its forward or its backward"):
-            out, yours = run(case, checkpoint_segment)
-        difference = _first_difference(out, plain_out)
-        if difference:
-            raise AssertionError(f"{_describe(case)}: your output {difference} (the segment's own output)")
-        for name, g in plain.items():
-            difference = _first_difference(yours[name], g)
-            if difference:
-                raise AssertionError(f"{_describe(case)}: the gradient of {name} {difference}, as backpropagating "
-                                     "through the segment itself gives")  # fmt: skip
+        same_as_the_plain_segment(checkpoint_segment, case)
 
     same_output_same_gradients()
+    for case in FIXED_CASES:  # after the drawn cases, so that their messages come first
+        same_as_the_plain_segment(checkpoint_segment, case)
     plain = memory_held(None)
     with blamed("on the memory case, your checkpoint_segment"):
         yours = memory_held(checkpoint_segment)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tinyamp.fp8.blocks import shared_exponents
 from tinyamp.fp8.formats import E4M3, E5M2, decode, encode, encode_e8m0
 from tinyamp.testing import check_delayed_scaling
-from tinyamp.testing.counterexamples import array_in_words, call, check_settings, number
+from tinyamp.testing.counterexamples import array_in_words, blamed, call, check_settings, number
 from tinyamp.testing.strategies import fp8_rounding_points, shapes
 
 # ---- 10.1: E4M3 by hand --------------------------------------------------------------------------------------
@@ -91,8 +91,28 @@ def e4m3_rule(v: float, mine: int, right: int) -> str:
 
 # ---- 10.2: the delayed-scaling update --------------------------------------------------------------------------
 def grade_delayed_scaling(scaling_class: type, examples: int) -> None:
-    """Step by step against tinyamp's TensorScaling: scale and amax history after every amax, edge cases toured."""
+    """The history's dtype, then step by step against tinyamp's TensorScaling: scale and amax history after
+    every amax, edge cases toured."""
+    history_is_float32(scaling_class)
     check_delayed_scaling(lambda **settings: scaling_class(**settings), max_examples=examples)
+
+
+def history_is_float32(scaling_class: type) -> None:
+    """AssertionError in words unless amax_history is a float32 array of amax_history_len entries, before and after
+    an update.  (check_delayed_scaling compares values; a float64 history holds the same values, as every amax is a
+    float32 value, so its dtype is checked here.)"""
+    settings = dict(fp8_max=448.0, margin=0, amax_history_len=4, amax_compute_algo="max")
+    with blamed(f"DelayedScaling(**{settings}), update(2.0) or reading its amax_history"):
+        recipe = scaling_class(**settings)
+        before = recipe.amax_history
+        recipe.update(2.0)
+        after = recipe.amax_history
+    for when, history in (("before any update", before), ("after update(2.0)", after)):
+        if not isinstance(history, np.ndarray) or history.dtype != np.float32 or history.shape != (4,):
+            what = f"{type(history).__name__} {getattr(history, 'dtype', '')} {getattr(history, 'shape', '')}"
+            raise AssertionError(f"with {settings}: {when} your amax_history is {what.rstrip()}; keep it a float32 "
+                                 "array of shape (4,), amax_history_len entries, as Transformer Engine's amax_history "
+                                 "is (each amax is a float32 value: float32 holds it exactly)")  # fmt: skip
 
 
 # ---- 10.3: an MX block's shared scale ---------------------------------------------------------------------------
@@ -168,12 +188,21 @@ def scales_at(
     a, mine, right = float(amax[index]), int(got[index]), int(expected[index])
     block = f"block {index} (x[{', '.join(map(str, index[:-1]))}{', ' if index[:-1] else ''}" \
         f"{32 * index[-1]}:{32 * index[-1] + 32}])"  # fmt: skip
+    # yours on a block whose amax is 1: 2^0, a power of two, where rounding the exponent up changes nothing
+    one = np.zeros((1, 32), np.float32)
+    one[0, 0] = 1.0
+    try:
+        off_at_one = int(np.asarray(mx_block_scales(one, fmt)).reshape(-1)[0]) - (127 - EMAX_ELEM[fmt])
+    except Exception:  # the message below is about the block above; a probe that fails adds nothing to it
+        off_at_one = 0
     raise AssertionError(f"for {about}: {block} has amax {number(a)}; yours gives the byte {mine} (2^{mine - 127}), "
-                         f"the OCP rule gives {right} (2^{right - 127}): {mx_rule(a, fmt, mine, right)}")  # fmt: skip
+                         f"the OCP rule gives {right} (2^{right - 127}): "
+                         f"{mx_rule(a, fmt, mine, right, off_at_one)}")  # fmt: skip
 
 
-def mx_rule(a: float, fmt: str, mine: int, right: int) -> str:
-    """The clause of the OCP shared-exponent rule that decides a block of amax `a`."""
+def mx_rule(a: float, fmt: str, mine: int, right: int, off_at_one: int = 0) -> str:
+    """The clause of the OCP shared-exponent rule that decides a block of amax `a`; `off_at_one` is how far
+    yours is from the rule's byte for a block whose amax is 1."""
     emax = EMAX_ELEM[fmt]
     if a == 0:
         return "a block of zeros has no amax; it gets e = -127, the byte 0"
@@ -181,6 +210,11 @@ def mx_rule(a: float, fmt: str, mine: int, right: int) -> str:
     rule = f"e = floor(log2 amax) - emax_elem = {k} - {emax} = {k - emax}, as {number(a)} is in [2^{k}, 2^{k + 1})"
     if k - emax < -127:
         return f"{rule}, below E8M0's smallest exponent: clamp e to -127 (the byte 0)"
+    if mine == right + 1 and off_at_one == 1:
+        top = number(FORMATS[fmt].max)
+        return (f"{rule}; yours is one higher, and one higher for a block whose amax is 1 too, a power of two, where "
+                f"rounding the exponent up changes nothing: emax_elem is {emax} for {fmt} ({top} lies in "
+                f"[2^{emax}, 2^{emax + 1})), yours seems to use {emax - 1}")  # fmt: skip
     if mine == right + 1 and float(np.log2(np.float32(a))) == k + 1:
         return f"{rule}; log2 in float32 rounds {number(a)} up to exactly {k + 1}: take the exponent exactly (np.frexp)"
     if mine == right + 1:
@@ -188,7 +222,7 @@ def mx_rule(a: float, fmt: str, mine: int, right: int) -> str:
     if mine == right - 1:
         top = number(FORMATS[fmt].max)
         return (f"{rule}; yours is one lower: emax_elem is the exponent of the largest value's binade, "
-                f"{emax} = floor(log2 {top}), not log2 {top} itself")  # fmt: skip
+                f"{emax} = floor(log2 {top}), not {emax + 1} nor log2 {top} itself")  # fmt: skip
     if fmt == "E5M2" and mine == right + 7:
         return f"{rule}; E5M2's emax_elem is 15 (its largest value is 57344 = 1.75 * 2^15), not E4M3's 8"
     return f"{rule}; the byte is e + 127"

@@ -9,7 +9,7 @@ def softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
     """Exercise 2.1: the gradient of softmax, from its output.
 
     Task: `y` = softmax(x) along `axis` (float64), `g` = dL/dy (same shape); return dL/dx,
-    an array of the same shape.  The grader runs your function as the backward of a
+    a float64 array of the same shape.  The grader runs your function as the backward of a
     softmax node and compares it with float64 finite differences on drawn shapes and axes.
 
     Math: dy_i/dx_j = y_i (delta_ij - y_j), so dL/dx_j = sum_i g_i y_i (delta_ij - y_j)
@@ -29,7 +29,7 @@ def log_softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
     """Exercise 2.2: the gradient of log_softmax, from its output.
 
     Task: `y` = log_softmax(x) along `axis` (float64: log-probabilities, all <= 0), `g` = dL/dy;
-    return dL/dx, of the same shape.
+    return dL/dx, a float64 array of the same shape.
 
     Math: y_i = x_i - log sum_k e^(x_k), so dy_i/dx_j = delta_ij - softmax(x)_j, and
     softmax(x) = e^y: dL/dx_j = g_j - e^(y_j) sum_i g_i, one sum along `axis`.
@@ -48,13 +48,15 @@ def layer_norm_backward(xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> np
     """Exercise 2.3: the gradient of layer norm (no weight, no bias) over the last axis.
 
     Task: the forward computed, for each row of x (the last axis, D values), the mean mu,
-    the variance var = mean((x - mu)^2), ``rstd = 1 / sqrt(var + eps)`` (shape (..., 1)) and
+    the variance var = mean((x - mu)^2), ``rstd = 1 / sqrt(var + eps)`` (eps = 1e-5; shape (..., 1)) and
     ``xhat = (x - mu) * rstd``, and returned xhat.  Given `xhat`, `rstd` and `g` = dL/dxhat,
-    return dL/dx (the shape of xhat).
+    return dL/dx, a float64 array of the shape of xhat.  (The grader checks it with float64 finite
+    differences of L = sum(r * xhat), for fixed random weights r: so g = r.)
 
     Math: with means taken along the last axis,
     dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)): the first mean because shifting a
-    row does not change xhat, the second because scaling a row does not either.
+    row does not change xhat, the second because scaling a row barely does (not at all with
+    eps = 0; the formula is exact with eps too: rstd's own derivative gives the second term).
 
     Read: tutorials/02_autograd_from_the_inside.py, section 4; tutorials/06_the_op_policy.py,
     section 5 (Layer norm: why its variance stays in FP32).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any  # hint: for your annotations
 
+from tinyamp import autocast  # hint: autocast.current() is the autocast block active now (None outside one)
 from tinyamp.function import Function  # hint: the node you write: forward and backward on arrays
 from tinyamp.grad_mode import enable_grad, no_grad  # hint: forward without a graph, backward with one
 from tinyamp.tensor import Tensor
@@ -17,6 +18,7 @@ class CheckpointedSegment(Function):
 
     def forward(self, x: Any, *param_arrays: Any, segment: Callable[[Tensor], Tensor], params: list[Tensor]) -> Any:
         self.segment, self.params = segment, params
+        self.block = autocast.current()  # backward runs after the `with autocast(...)` has ended: replay it then
         self.save_for_backward(x)  # all this node keeps: no activation of the segment
         with no_grad():
             return segment(Tensor(x)).data
@@ -27,8 +29,10 @@ class CheckpointedSegment(Function):
         outer = [p.grad for p in self.params]  # gradients from elsewhere in the graph, kept aside
         for p in self.params:
             p.grad = None
-        with enable_grad():
-            out = self.segment(x_again)  # the same operations on the same values: the same bits
+        b = self.block  # a fresh block with the forward's dtype and policy (or none, as in the forward)
+        replay = autocast.autocast(enabled=False) if b is None else autocast.autocast(b.dtype, policy=b.policy)
+        with enable_grad(), replay:
+            out = self.segment(x_again)  # the same operations on the same values, in the same dtypes: the same bits
         out.backward(g)
         grads = (x_again.grad, *[p.grad for p in self.params])
         for p, kept in zip(self.params, outer):
@@ -55,6 +59,14 @@ def checkpoint_segment(segment: Callable[[Tensor], Tensor], x: Tensor, params: S
     ``.grad`` may already hold a gradient from elsewhere in the graph: set it aside first and
     put it back after, so that the node returns only the segment's share.  One extra forward,
     for memory that no longer grows with the segment's depth.
+
+    Mixed precision: x and the parameters may be float16, and the forward may run inside
+    ``with autocast("float16"):`` (or "bfloat16"), while ``loss.backward()`` runs after that
+    block has ended.  The recomputation must do what the forward did, in the same dtypes:
+    keep x's dtype (no cast to float32), and in forward note the active block
+    (``autocast.current()``, None outside autocast), then recompute inside a fresh
+    ``autocast.autocast(block.dtype, policy=block.policy)`` (``autocast.autocast(enabled=False)``
+    when there was none).  The grader draws float32 and float16 segments, with and without autocast.
 
     Read: tutorials/07_memory_and_checkpointing.py, section 3 (Checkpointing: keep less, compute again).
 

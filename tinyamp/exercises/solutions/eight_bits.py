@@ -71,10 +71,13 @@ class DelayedScaling:
       history to r: its largest entry (``amax_compute_algo="max"``) or its newest
       (``"most_recent"``).
     * r is 0: keep the previous scale (nothing was measured).
-    * otherwise scale = float32(fp8_max * 2^-margin) / float32(r), one float32 division; if
-      that overflows to inf, scale = float32's largest value 3.4028235e38, never inf.  (A
+    * otherwise q = float32(fp8_max * 2^-margin) / float32(r), one float32 division.  (A
       float64 division rounded to float32 gives the same value: with 53 >= 2 * 24 + 2 bits,
-      rounding twice cannot differ from rounding once for a quotient.)
+      rounding twice cannot differ from rounding once for a quotient.)  The scale becomes q,
+      except: q overflows to inf (a tiny r): scale = float32's largest value 3.4028235e38,
+      never inf; q underflows to 0 (from a margin of 31 on, for a large r: 448 * 2^-40 / 2^127
+      is below float32's smallest subnormal 2^-149): keep the previous scale, as a scale of 0
+      would turn every value into 0.
 
     Read: tutorials/10_eight_bits.py, section 3 (delayed against current scaling, and one
     spike), and the table at the top of tinyamp/fp8/scaling.py.
@@ -102,6 +105,8 @@ class DelayedScaling:
             return
         with np.errstate(over="ignore"):
             scale = np.float32(self.fp8_max * 2.0**-self.margin) / np.float32(r)
+        if scale == 0:  # underflowed: a scale of 0 would zero every value
+            return
         self.scale = float(scale) if np.isfinite(scale) else float(np.finfo(np.float32).max)
         # <<< exercise 10.2
 

@@ -11,10 +11,11 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     """Exercise 1.1: round a float32 array to float16 (to nearest, ties to even) with one float32 addition.
 
     Task: return the float16 array nearest to `x` (a 1-D float32 array): bit for bit what
-    ``x.astype(np.float16)`` gives, but without NumPy's conversion to float16 (no
-    ``astype(np.float16)``, no ``np.float16(v)``, no ``dtype=np.float16``, however spelled:
-    the grader refuses them, and a dtype not written by name).  Build the float16 bits
-    yourself and ``.view(np.float16)`` them.
+    ``x.astype(np.float16)`` gives (except that for a NaN any NaN will do: astype keeps its
+    sign and the top 10 of its 23 mantissa bits; the grader asks for a NaN), but without
+    NumPy's conversion to float16 (no ``astype(np.float16)``, no ``np.float16(v)``, no
+    ``dtype=np.float16``, however spelled: the grader refuses them, and a dtype not written
+    by name).  Build the float16 bits yourself and ``.view(np.float16)`` them.
 
     Math: adding |x| to a much larger B rounds |x| to the ulp of B.  For 2^E <= |x| < 2^(E+1)
     float16's ulp is 2^(E-10), and float32's ulp at B = 2^(E+13) is 2^(E+13-23): the same, so
@@ -28,7 +29,7 @@ def round_to_float16(x: np.ndarray) -> np.ndarray:
     (s >> 13) + (s & 0x1FFF) - (126 << 10).  The same arithmetic: s's exponent is 13 above r's,
     and its low 13 bits count r in ulps with the implicit bit, so 126 = 112 + 13 + 1.)
     Then the sign (bit 15 of float16); |x| >= 65520 (65504 plus half an ulp) gives inf
-    (0x7C00), a NaN gives a NaN (0x7E00).  r = 65536 comes out as 0x7C00 by itself.
+    (0x7C00), a NaN gives a NaN (0x7E00, the quiet NaN, will do).  r = 65536 comes out as 0x7C00 by itself.
 
     Read: tutorials/01_number_formats.py, section 3 (Rounding: to nearest, ties to even);
     tutorials/A1_inside_the_converters.py, sections 2 and 3 (FP32 to FP16 with one addition;
