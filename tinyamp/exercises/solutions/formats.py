@@ -57,8 +57,11 @@ def float16_ulp(x: float) -> float:
     """Exercise 1.2: the ulp of `x` in float16: the gap from |x|, rounded to float16, to the next larger magnitude.
 
     Task: `x` is any Python float; round it to float16 first (2047.9 rounds to 2048, whose
-    ulp is 2, not 1).  Raise ValueError when it is not finite in float16 (inf, NaN, or
-    |x| >= 65520, which rounds to inf).
+    ulp is 2, not 1), once and directly: through float32 first is two roundings, and the
+    grader tries x = 2047.5 - 2^-30, which rounds to 2047 (ulp 1) but through float32 becomes
+    2047.5, a tie that goes to 2048 (ulp 2).  (np.float16(x) on a Python float rounds once.)
+    Raise ValueError when it is not finite in float16 (inf, NaN, or |x| >= 65520, which
+    rounds to inf).
 
     Math: for a normal float16 value with 2^k <= |v| < 2^(k+1) the ulp is 2^(k-10) (10 stored
     mantissa bits): it doubles at every power of two.  Below the smallest normal value 2^-14
