@@ -34,7 +34,10 @@ from matplotlib.text import Text  # noqa: E402
 
 import tinyamp as ta  # noqa: E402
 from tinyamp import autograd, optim  # noqa: E402
-from tinyamp.amp import CLASSIC_PRESETS, HYSTERESIS_PRESETS, LossScaler, MasterWeights, autocast  # noqa: E402
+from tinyamp.amp import CLASSIC_PRESETS, LossScaler, MasterWeights, autocast  # noqa: E402
+from tinyamp.amp.hysteresis import HysteresisScaler, LossScaleFloorError  # noqa: E402
+from tinyamp.amp.hysteresis_rules import HYSTERESIS_EVENTS  # noqa: E402
+from tinyamp.amp.hysteresis_rules import STATES as HYSTERESIS_STATES  # noqa: E402
 from tinyamp.amp.loss_scale import EVENTS, STATES  # noqa: E402
 from tinyamp.inspect import (  # noqa: E402
     draw_graph,
@@ -125,8 +128,9 @@ def simulated_transitions(make: Callable[[], LossScaler], sequences: int = 40, s
     return seen
 
 
-def drawn_transitions(fig: Figure) -> set[tuple[str, ...]]:
-    """(state, event, next state) read off the arrows' labels: gid "A->B:kind", one line per event."""
+def drawn_transitions(fig: Figure, events: tuple[str, ...] = EVENTS) -> set[tuple[str, ...]]:
+    """(state, event, next state) read off the arrows' labels: gid "A->B:kind", each event's text opening a line
+    "event: ..." (a hysteresis rule's texts go on over more lines)."""
     found = set()
     for gid, labels in gid_texts(fig, "").items():
         match = re.fullmatch(r"(\w+)->(\w+):(overflow|clean|any)", gid)
@@ -134,8 +138,10 @@ def drawn_transitions(fig: Figure) -> set[tuple[str, ...]]:
             continue
         for line in "\n".join(labels).splitlines():
             event = line.split(":")[0]
-            assert event in EVENTS, f"arrow {gid} has the label line {line!r}"
-            found.add((match[1], event, match[2]))
+            if event in events:
+                found.add((match[1], event, match[2]))
+            else:
+                assert events != EVENTS and found, f"arrow {gid} has the label line {line!r}"
     return found
 
 
@@ -165,7 +171,7 @@ def test_every_transition_comes_with_a_path_that_replays_on_a_real_scaler(rule: 
         assert (before, record.event, record.state) == (t.state, t.event, t.next_state), t
 
 
-@pytest.mark.parametrize("preset", [*CLASSIC_PRESETS, None])  # hysteresis rules: not drawn yet
+@pytest.mark.parametrize("preset", [*CLASSIC_PRESETS, None])  # the hysteresis rules: below
 def test_the_published_rules_draw_with_their_own_numbers(preset: str | None) -> None:
     scaler = LossScaler() if preset is None else LossScaler.preset(preset)
     machine = scaler_state_machine(scaler)
@@ -185,11 +191,112 @@ def test_the_published_rules_draw_with_their_own_numbers(preset: str | None) -> 
     assert f"start: scale {start}" in "\n".join(gid_texts(fig, f"state:{scaler.state}")[f"state:{scaler.state}"])
 
 
-@pytest.mark.parametrize("preset", HYSTERESIS_PRESETS)
-def test_a_hysteresis_rule_says_its_diagram_is_not_drawn_yet(preset: str) -> None:
-    for given in (preset, LossScaler.preset(preset)):
-        with pytest.raises(NotImplementedError, match=rf"^the state diagram of the {preset} rule is not drawn yet"):
-            scaler_state_machine(given)
+# ---- the hysteresis rules: the same search over the library's counters, "tolerated" between steady and backed_off
+# Small windows and starts near the bounds again; floors that end the run and floors that do not.
+H_RULES: dict[str, Callable[[], LossScaler]] = {
+    "megatron": lambda: LossScaler.preset(
+        "megatron", initial_scale=2.0**124, growth_interval=3, min_scale=2.0**118, hysteresis=3
+    ),
+    "deepspeed, raises at the floor": lambda: LossScaler.preset(
+        "deepspeed", init_scale=2.0**1019, scale_window=2, min_scale=2.0**1013, delayed_shift=2
+    ),
+    "deepspeed, consecutive_hysteresis": lambda: LossScaler.preset(
+        "deepspeed",
+        init_scale=2.0**1019,
+        scale_window=2,
+        min_scale=2.0**1013,
+        delayed_shift=3,
+        consecutive_hysteresis=True,
+        raise_error_at_min_scale=False,
+    ),  # fmt: skip
+    "fairseq": lambda: LossScaler.preset("fairseq", init_scale=2.0**1020, scale_window=3, min_loss_scale=2.0**1013),
+    "fairseq, tolerance and threshold": lambda: LossScaler.preset(
+        "fairseq", init_scale=2.0**1020, scale_window=6, tolerance=0.25, threshold=2.0**1013, min_loss_scale=0.0
+    ),
+}
+
+
+def simulated_hysteresis_transitions(make: Callable[[], LossScaler], sequences: int = 300) -> set[tuple[str, ...]]:
+    """(state, event, next state) of real HysteresisScalers driven by random outcomes, each run with its own
+    chance of an overflow (rare to frequent, so that tolerated overflows, both bounds and the floor's error are
+    met); a LossScaleFloorError ends its run (floor_error -> stopped)."""
+    rng, seen = random.Random(0), set()
+    for _ in range(sequences):
+        scaler, p = make(), rng.choice([0.05, 0.15, 0.3, 0.5, 0.7])
+        try:
+            for _ in range(200):
+                flag = rng.random() < p
+                before = scaler.state
+                event = scaler.update(flag)
+                seen.add((before, event.event, event.state))
+        except LossScaleFloorError:
+            seen.add((before, "floor_error", "stopped"))
+    return seen
+
+
+@pytest.mark.parametrize("rule", H_RULES)
+def test_a_hysteresis_rules_arrows_are_exactly_the_transitions_a_real_scaler_makes(rule: str) -> None:
+    fig = drawn(lambda: draw_scaler_states(H_RULES[rule]()))
+    check_text(fig)
+    simulated = simulated_hysteresis_transitions(H_RULES[rule])
+    assert drawn_transitions(fig, (*HYSTERESIS_EVENTS, "floor_error")) == simulated
+    assert {a.get_gid() for a in fig.findobj(FancyArrowPatch)} == {gid for gid in gid_texts(fig, "") if "->" in gid}
+    states = {gid.removeprefix("state:") for gid in gid_texts(fig, "state:")}
+    assert states == {s for t in simulated for s in (t[0], t[2])} <= {*HYSTERESIS_STATES, "stopped"}
+
+
+@pytest.mark.parametrize("rule", H_RULES)
+def test_a_hysteresis_rules_transitions_replay_on_a_real_scaler(rule: str) -> None:
+    machine = scaler_state_machine(H_RULES[rule]())
+    assert machine.complete == ("tolerance" not in rule)  # a tolerance > 0: the search has no end (see below)
+    assert ("tolerated" in machine.states) == (rule != "fairseq")  # fairseq's tolerance 0 tolerates no overflow
+    for t in machine.transitions:
+        scaler = HysteresisScaler(machine.rule.library, **machine.rule.settings)
+        *before_last, (flag, steps) = [(f, 1) for f, n in t.path for _ in range(n)]
+        for f, _ in before_last:
+            scaler.update(f)
+        before = scaler.state
+        if t.event == "floor_error":
+            with pytest.raises(LossScaleFloorError):
+                scaler.update(flag)
+            assert t.next_state == "stopped"
+            continue
+        record = scaler.update(flag)
+        assert (before, record.event, record.state) == (t.state, t.event, t.next_state), t
+
+
+@pytest.mark.parametrize("preset, settings", [("megatron", {}), ("deepspeed", {}),
+                                              ("deepspeed", {"consecutive_hysteresis": True}), ("fairseq", {}),
+                                              ("fairseq", {"tolerance": 0.25, "threshold": 1.0})])  # fmt: skip
+def test_the_hysteresis_rules_draw_with_their_counters_and_what_restores_them(preset: str, settings: dict) -> None:
+    scaler = LossScaler.preset(preset, **settings)
+    machine = scaler_state_machine(scaler)
+    fig = drawn(lambda: draw_scaler_states(scaler))
+    check_text(fig)
+    assert drawn_transitions(fig, (*HYSTERESIS_EVENTS, "floor_error")) == {
+        (t.state, t.event, t.next_state) for t in machine.transitions
+    }
+    words = "\n".join(t.get_text() for t in texts(fig))
+    arrows = {(t.state, t.event, t.next_state) for t in machine.transitions}
+    counter = {"megatron": "hysteresis_tracker", "deepspeed": "cur_hysteresis", "fairseq": "overflows_since_rescale"}
+    assert counter[preset] in words and f"start: scale 2^{int(np.log2(scaler.scale))}" in words
+    if preset == "megatron":  # a clean step keeps the tracker down: from steady an overflow may back off at once
+        assert (
+            machine.complete
+            and {("steady", "tolerated", "tolerated"), ("steady", "backed_off", "backed_off")} <= arrows
+        )
+        assert "restored only when the scale grows" in words and "hysteresis_tracker = 2 (only here)" in words
+    if preset == "deepspeed" and not settings:
+        assert machine.complete and ("steady", "backed_off", "backed_off") in arrows
+        assert ("at_floor", "floor_error", "stopped") in arrows and "restored only when the scale grows" in words
+    if preset == "deepspeed" and settings:  # every clean step restores it: from steady an overflow is tolerated
+        assert machine.complete and ("steady", "tolerated", "tolerated") in arrows
+        assert not any(a == "steady" and e == "backed_off" for a, e, _ in arrows)
+        assert "restored at every clean step" in words
+    if preset == "fairseq" and not settings:  # tolerance 0: no overflow is tolerated, and the floor ends the run
+        assert machine.complete and "tolerated" not in machine.states and "stopped" in machine.states
+    if preset == "fairseq" and settings:  # overflows spread out enough are tolerated for ever: no end to the search
+        assert "tolerated" in machine.states and not machine.complete and "search stopped at its limit" in words
 
 
 def test_static_and_off_scalers_have_one_state_and_one_loop() -> None:

@@ -223,8 +223,7 @@ class MegatronRule:
         if self.growth_tracker == s["growth_interval"]:
             self.growth_tracker, self.hysteresis_tracker = 0, s["hysteresis"]
             with np.errstate(over="ignore"):
-                grown = float(f32(self.scale) * f32(s["growth_factor"]))
-            self.scale = grown if math.isfinite(grown) else self.scale
+                self.scale = float(f32(f32(self.scale) * f32(s["growth_factor"])))  # inf past the top, as Megatron
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "trackers": (self.growth_tracker, self.hysteresis_tracker)}

@@ -340,9 +340,10 @@ except GradientError as exc:
 # The total is smallest near $h \approx \varepsilon^{1/3}$, with an error near
 # $\varepsilon^{2/3}$. In float64 ($\varepsilon = 2^{-52}$) that is $h \approx 10^{-5}$ and an
 # error near $10^{-11}$, so gradcheck's default $h = 10^{-6}$ and tolerance ($10^{-6}$ plus
-# $10^{-5}$ times the finite difference: `atol + rtol * |numerical|`) leave a wide margin. In float32 ($\varepsilon = 2^{-23}$) the best possible error is $10^{-6}$ to $10^{-5}$,
-# and at $h = 10^{-6}$ it is already about $10^{-2}$: no tolerance could tell a wrong
-# derivative from rounding noise. We measure the curve for $s = \tanh$ at $x = 0.5$.
+# $10^{-5}$ times the finite difference: `atol + rtol * |numerical|`) leave a wide margin. In
+# float32 ($\varepsilon = 2^{-23}$) the best possible error is $10^{-6}$ to $10^{-5}$, and at
+# $h = 10^{-6}$ it is already about $10^{-2}$: no tolerance could tell a wrong derivative from
+# rounding noise. We measure the curve for $s = \tanh$ at $x = 0.5$.
 
 # %%
 hs = 10.0 ** np.linspace(-12, 0, 97)

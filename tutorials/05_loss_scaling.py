@@ -6,7 +6,8 @@
 # at or below $2^{-25}$ vanish in a real FP16 backward pass, and how multiplying the loss by a
 # scale $S$ brings them back. We start with a fixed (static) scale, then step tinyamp's dynamic
 # `LossScaler` by hand through overflows and clean steps, watch it on a real training run,
-# and compare the published rules of PyTorch, Apex, Keras, jmp and Chainer on one event sequence.
+# compare the published rules of PyTorch, Apex, Keras, jmp and Chainer on one event sequence,
+# and end with the rules of Megatron-LM, DeepSpeed and fairseq, which may tolerate an overflow.
 #
 # You will learn:
 #
@@ -14,7 +15,7 @@
 # - why a power-of-two scale is exact, and what a static scale gets wrong;
 # - the dynamic scaler's state machine: back off on overflow, grow after clean steps;
 # - that a skipped step changes no weight and no optimizer moment;
-# - where the published scaler rules differ.
+# - where the published scaler rules differ, and why the large FP16 runs tolerate one overflow.
 #
 # The products run on one BLAS thread (`threadpool_limits(1)` below): OpenBLAS splits the work of
 # a product differently for each thread count, so its float32 sums would round differently and
@@ -635,7 +636,159 @@ assert abs(demo_runs["mixed"].metrics["train_loss"] / demo_runs["fp16-master"].m
 # six settings of this MLP and on the transformer); loss scaling changes the outcome of a run
 # where the bulk of a gradient lies below FP16's range, as in the SSD detector and the large
 # LSTM language model of Micikevicius et al. (2018).
+
+# %% [markdown]
+# ## 7. Tolerating one overflow: the rules of the large FP16 runs
 #
+# Every rule of section 5 halves the scale at the first overflow. In a long FP16 run at a
+# well-chosen scale, an overflow can be a single spike: one batch whose gradients are far
+# larger than the rest. Halving the scale for it costs more than the skipped step: the scale
+# then needs a whole growth window of clean steps to get back, and for those steps the bound at
+# or below which a gradient value rounds to zero in FP16, $2^{-25} / S$ (section 1), is twice
+# as high. The scalers of Megatron-LM and DeepSpeed, with which large FP16 language models were
+# trained, may instead *tolerate* an overflow before they back off, and fairseq's may when its
+# tolerance is above 0:
+#
+# - **Megatron-LM** (`DynamicGradScaler`, megatron-core 0.16.1
+#   `megatron/core/optimizer/grad_scaler.py`, lines 116-128): an overflow lowers
+#   `hysteresis_tracker` by 1 and backs off once it is <= 0; it is restored to `hysteresis` only
+#   when the scale grows (`hysteresis` is 2 by default, `OptimizerConfig` in
+#   `megatron/core/optimizer/optimizer_config.py`). The class's docstring speaks of "consecutive
+#   NaNs" (line 81), but the clean steps between two overflows do not restore the tracker: what
+#   counts is the overflows since the last growth.
+# - **DeepSpeed** (`DynamicLossScaler`, DeepSpeed 0.19.8 `deepspeed/runtime/fp16/loss_scaler.py`):
+#   `cur_hysteresis`, starting at `delayed_shift` (the fp16 config's `hysteresis`, 2 by default,
+#   `deepspeed/runtime/constants.py`), goes down at an overflow that does not back off; it is
+#   restored when the scale grows, or, with `consecutive_hysteresis=True` (default False), at
+#   every clean step, so that only overflows in a row count (lines 254-286).
+# - **fairseq** (`DynamicLossScaler`, fairseq 0.12 `fairseq/optim/dynamic_loss_scaler.py`): an
+#   overflow backs off when `overflows_since_rescale` divided by the steps since the last rescale
+#   is at least `tolerance` (line 52). The default `tolerance` is 0 (line 13, and fairseq-train's
+#   `--fp16-scale-tolerance`, `fairseq/dataclass/configs.py`, line 173): every overflow backs off.
+#
+# tinyamp has each as a preset (`LossScaler.preset("megatron")`, ...) that takes the library's
+# own setting names and reproduces its scale step for step (`tinyamp/amp/hysteresis_rules.py`).
+# To see the rules alone we give all of them the same start, $2^{16}$, and the same window, 1000
+# clean steps, and feed them one sequence of 6000 steps with five overflows: an isolated one at
+# step 1500; two at steps 3000 and 3400, 399 clean steps apart; two in a row at steps 4500 and 4501.
+
+# %%
+H_STEPS = 6000
+spikes = np.zeros(H_STEPS, dtype=bool)
+spikes[[1500, 3000, 3400, 4500, 4501]] = True
+hysteresis_rules = {
+    "pytorch": LossScaler.preset("pytorch", growth_interval=1000),
+    "megatron": LossScaler.preset("megatron", initial_scale=2.0**16, growth_interval=1000),  # hysteresis=2
+    "deepspeed": LossScaler.preset("deepspeed", scale_window=1000),  # delayed_shift=2, from 2^16
+    "deepspeed, consecutive_hysteresis": LossScaler.preset("deepspeed", scale_window=1000, consecutive_hysteresis=True),
+    "fairseq": LossScaler.preset("fairseq", init_scale=2.0**16, scale_window=1000),  # tolerance=0
+}
+runs = {}
+for name, s in hysteresis_rules.items():
+    for found_inf in spikes:
+        s.update(bool(found_inf))
+    runs[name] = s.history_columns()
+print(
+    f"{'rule':<34}" + "".join(f"{'step ' + str(k):>12}" for k in (1500, 3000, 3400, 4500, 4501)) + "  scale at the end"
+)
+for name, cols in runs.items():
+    print(f"{name:<34}" + "".join(f"{cols['event'][k]:>12}" for k in (1500, 3000, 3400, 4500, 4501))
+          + f"  2^{int(np.log2(cols['scale_after'][-1]))}")  # fmt: skip
+print("megatron's counters after steps 1499, 1500, 2499, 3000, 3400:",
+      [dict(zip(("growth_tracker", "hysteresis_tracker"), (runs["megatron"][c][k] for c in ("growth_tracker",
+       "hysteresis_tracker")))) for k in (1499, 1500, 2499, 3000, 3400)])  # fmt: skip
+
+# %% [markdown]
+# What the table shows, each claim asserted below:
+#
+# - **One spike.** At step 1500 PyTorch (and fairseq, with its tolerance of 0) halves its scale,
+#   from $2^{17}$ to $2^{16}$; Megatron and DeepSpeed skip the step and keep $2^{17}$ (event
+#   `tolerated`), with the counter down to 1. PyTorch's scale is back at $2^{17}$ only at step
+#   2500: 1000 steps, one growth window, at half the scale, and one power of two below Megatron's
+#   until the next overflow, at step 3000, widens the gap.
+# - **Two overflows 399 clean steps apart.** Megatron and DeepSpeed with their defaults back off
+#   at step 3400: the clean steps between did not restore the counter, and no growth came between.
+#   DeepSpeed with `consecutive_hysteresis=True` tolerates it, as every clean step restored
+#   `cur_hysteresis` to 2.
+# - **Two in a row.** Every hysteresis rule tolerates step 4500 and backs off at step 4501.
+# - **The window is counted differently.** Megatron grows at the 1000th clean step (step 999),
+#   DeepSpeed at the 1001st (step 1000): its `stable_interval` counts the clean steps *before*
+#   the current one. fairseq's curve is PyTorch's here, step for step.
+# - A tolerated step is still skipped: its gradients are not used, only the scale is kept.
+
+# %%
+pt_h, mg, ds, dsc, fs = (np.array(runs[n]["scale_after"]) for n in hysteresis_rules)
+events_at = {n: [runs[n]["event"][k] for k in (1500, 3000, 3400, 4500, 4501)] for n in runs}
+assert pt_h[1499] == mg[1499] == 2.0**17 and pt_h[1500] == 2.0**16 and mg[1500] == ds[1500] == 2.0**17
+assert events_at["megatron"][0] == events_at["deepspeed"][0] == "tolerated"
+assert runs["megatron"]["hysteresis"][1500] == runs["deepspeed"]["hysteresis"][1500] == 1  # the counter, down by 1
+below = np.flatnonzero(pt_h[1500:3000] < 2.0**17) + 1500  # the steps PyTorch's scale spent below its pre-spike value
+assert below[0] == 1500 and below[-1] == 2499 and below.size == 1000 and pt_h[2500] == 2.0**17  # one growth window
+assert np.all(pt_h[1500:3000] == mg[1500:3000] / 2) and pt_h[3000] == mg[3000] / 4  # one power of two, then two
+assert events_at["megatron"][1:3] == events_at["deepspeed"][1:3] == ["tolerated", "backed_off"]
+assert events_at["deepspeed, consecutive_hysteresis"][1:3] == ["tolerated", "tolerated"]
+assert not any(e == "grew" for e in runs["megatron"]["event"][3001:3400])  # no growth between 3000 and 3400
+assert all(
+    events_at[n][3:] == ["tolerated", "backed_off"]
+    for n in ("megatron", "deepspeed", "deepspeed, consecutive_hysteresis")
+)
+assert all(e == "backed_off" for n in ("pytorch", "fairseq") for e in events_at[n])
+assert mg[998] == 2.0**16 and mg[999] == 2.0**17 and ds[999] == 2.0**16 and ds[1000] == 2.0**17
+assert np.array_equal(fs, pt_h)
+for n in ("megatron", "deepspeed"):  # tolerated: an overflowed (so skipped) step whose scale did not move
+    tol = [i for i, e in enumerate(runs[n]["event"]) if e == "tolerated"]
+    assert tol and all(runs[n]["found_inf"][i] and runs[n]["scale_after"][i] == runs[n]["scale_before"][i] for i in tol)
+
+# %%
+# pytorch and fairseq share their curve (asserted above): fairseq is drawn thinner on top, with markers;
+# deepspeed, dashed, lies on megatron's line but for one step at each growth (asserted below)
+fig, ax = plt.subplots(figsize=(7, 4))
+looks_h = {
+    "pytorch": {"lw": 3.0, "alpha": 0.5},
+    "megatron": {"lw": 1.6},
+    "deepspeed": {"lw": 1.2, "ls": "--"},
+    "deepspeed, consecutive_hysteresis": {"lw": 1.2, "ls": "-."},
+    "fairseq": {"lw": 1.0, "ls": ":", "marker": "o", "ms": 3, "markevery": (250, 500)},
+}
+for name, tr in zip(hysteresis_rules, (pt_h, mg, ds, dsc, fs)):
+    label = {"fairseq": "fairseq (tolerance 0: on pytorch's line)",
+             "deepspeed": "deepspeed (megatron's line; growths 1 step later)"}.get(name, name)  # fmt: skip
+    ax.step(np.arange(H_STEPS), np.log2(tr), where="post", label=label, **looks_h[name])
+ax.plot(np.flatnonzero(spikes), np.full(int(spikes.sum()), 13.5), "r|", ms=10, label="overflow")
+ax.set_xlabel("step")
+ax.set_ylabel("log2 S")
+ax.set_title("One overflow sequence, the same start and window: who backs off when", fontsize=9)
+ax.grid(alpha=0.3)
+ax.set_ylim(13, 21)
+ax.legend(fontsize=7, loc="upper left", ncol=2)
+fig.tight_layout()
+fig.savefig(OUT / "05_hysteresis_rules.png", dpi=110)
+# What the labels say: DeepSpeed differs from Megatron only on the step before each of its growths
+apart = np.flatnonzero(mg != ds)
+assert apart.size == runs["megatron"]["event"].count("grew") and np.all(ds[apart + 1] == mg[apart])
+
+# %% [markdown]
+# The states of such a scaler, drawn as in section 3 by running the library's rule (here
+# Megatron's, with its defaults): between `steady` and `backed_off` sits `tolerated`, and the
+# labels say which counter decides. From `steady` an overflow may go either way, because
+# `hysteresis_tracker` is not restored by clean steps; for DeepSpeed with
+# `consecutive_hysteresis=True` (asserted, not drawn) no overflow from `steady` backs off.
+
+# %%
+megatron_machine = scaler_state_machine("megatron")
+mg_arrows = {(t.state, t.event, t.next_state) for t in megatron_machine.transitions}
+assert megatron_machine.complete and "tolerated" in megatron_machine.states
+assert {("steady", "tolerated", "tolerated"), ("steady", "backed_off", "backed_off")} <= mg_arrows
+ds_arrows = {
+    (t.state, t.event)
+    for t in scaler_state_machine(LossScaler.preset("deepspeed", consecutive_hysteresis=True)).transitions
+}
+assert ("steady", "tolerated") in ds_arrows and ("steady", "backed_off") not in ds_arrows
+fig = draw_scaler_states("megatron")
+fig.savefig(OUT / "05_hysteresis_states.png", dpi=80)
+fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
+
+# %% [markdown]
 # ## Summary
 #
 # - Small gradients underflow in FP16 (here several percent of a trained MLP's weight
@@ -646,6 +799,10 @@ assert abs(demo_runs["mixed"].metrics["train_loss"] / demo_runs["fp16-master"].m
 #   grows again after a run of clean steps.
 # - The published rules share that idea and differ in the constants: start, bounds, the
 #   scale's dtype, and Chainer's warm-up.
+# - Megatron-LM, DeepSpeed and fairseq can tolerate an overflow (skip the step, keep the
+#   scale): with `hysteresis=2` one spike costs one step, not a growth window at half the scale.
+#   Megatron restores its counter only when the scale grows, DeepSpeed also at every clean step
+#   if asked (`consecutive_hysteresis`), fairseq by its default tolerance (0) never tolerates.
 # - Loss scaling alone keeps no lost update: on the demo's run `fp16-scaled` ends where `fp16`
 #   does, and only the masters bring it to FP32's loss.
 #

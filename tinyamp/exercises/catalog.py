@@ -109,6 +109,9 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex5_3", "5.3", "the exactness law: unscale(scale(g)) == g", "loss_scaling", "scaling_is_exact",
              "grade_scaling_is_exact", f"{T5}, section 1 (Gradients that FP16 cannot hold)", 200, ("tinyamp.amp",),
              minutes=10),
+    Exercise("ex5_4", "5.4", "hysteresis: the overflows Megatron tolerates", "loss_scaling",
+             "HysteresisLossScaler", "grade_hysteresis_loss_scaler", f"{T5}, sections 7 and 3 (Tolerating one "
+             "overflow; The dynamic scaler)", 60, ("tinyamp.amp",), minutes=20),
     Exercise("ex6_1", "6.1", "the autocast decision for an op", "op_policy", "autocast_dtypes",
              "grade_autocast_dtypes", f"{T6}, sections 1 and 7 (The table; Overriding one entry)", 200,
              ("tinyamp.autocast", "tinyamp.amp.autocast"), minutes=15),

@@ -18,6 +18,10 @@ Two shortcuts keep the search short:
 
 ``draw_scaler_states(scaler)`` draws the result; the labels are computed from the rule's
 settings (factors, interval, floor, ceiling, the scale's dtype).
+
+The rules of Megatron-LM, DeepSpeed and fairseq (a ``HysteresisScaler``) are searched the same way
+by ``hysteresis_states.py``, over situations that hold the library's own counters; their drawing has
+the state "tolerated" between "steady" and "backed_off", and its labels name those counters.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from tinyamp.amp.loss_scale import EVENTS, STATES, ScaleRule
 from tinyamp.amp.scaler import LossScaler
+from tinyamp.inspect import hysteresis_states as hs
 
 Situation = tuple[float, int, bool, bool]  # scale, growth tracker, overflow seen, last step found an inf/NaN
 Path = tuple[tuple[bool, int], ...]  # (found_inf, that many steps in a row), from a fresh scaler
@@ -48,7 +53,7 @@ class Transition:
 class StateMachine:
     """What the search found: the start state, every transition, and whether the search ran to its end."""
 
-    rule: ScaleRule
+    rule: Any  # a ScaleRule, or a hysteresis rule (MegatronRule, DeepSpeedRule, FairseqRule)
     start: str
     transitions: tuple[Transition, ...]
     situations: int  # situations whose two next steps were run
@@ -61,20 +66,16 @@ class StateMachine:
         return list(dict.fromkeys(found))
 
 
-def as_rule(scaler_or_rule: LossScaler | ScaleRule | str | None) -> ScaleRule:
-    """The rule of a LossScaler, a ScaleRule itself, a preset's rule by name, or (None) the default scaler's."""
+def as_rule(scaler_or_rule: LossScaler | ScaleRule | str | None) -> Any:
+    """The rule of a LossScaler (a HysteresisScaler's too), a rule itself, a preset's rule by name, or (None)
+    the default scaler's."""
     if scaler_or_rule is None:
         return LossScaler().rule
     if isinstance(scaler_or_rule, str):
         scaler_or_rule = LossScaler.preset(scaler_or_rule)
-    if isinstance(scaler_or_rule, LossScaler) and isinstance(scaler_or_rule.rule, ScaleRule):
+    if isinstance(scaler_or_rule, LossScaler):
         return scaler_or_rule.rule
-    if isinstance(scaler_or_rule, LossScaler):  # a HysteresisScaler: its situations hold the library's counters
-        raise NotImplementedError(
-            f"the state diagram of the {scaler_or_rule.rule.library} rule is not drawn yet: its situations "
-            "include the library's counters (scaler.history_columns() shows them step by step)"
-        )
-    if isinstance(scaler_or_rule, ScaleRule):
+    if isinstance(scaler_or_rule, ScaleRule) or hs.is_hysteresis_rule(scaler_or_rule):
         return scaler_or_rule
     raise TypeError(f"expected a LossScaler, a ScaleRule or a preset name; got {type(scaler_or_rule).__name__}")
 
@@ -86,9 +87,17 @@ def scaler_state_machine(
 
     Breadth first over situations (scale, tracker, overflow seen, last found_inf), from
     ``(init_scale, 0, False, False)``, taking one overflowed and one clean step from each;
-    at most `limit` situations (the default reaches the end for every preset).
+    at most `limit` situations (the default reaches the end for every preset).  For a hysteresis
+    rule the situations hold the library's counters instead (``hysteresis_states.py``), and a step
+    that raises LossScaleFloorError is the transition ``STATE --floor_error--> stopped``.
     """
     rule = as_rule(scaler_or_rule)
+    if hs.is_hysteresis_rule(rule):
+        start_state, found_h, parents, expanded, complete = hs.search(rule, limit)
+        order_h = sorted(found_h, key=lambda t: (hs.STATE_ORDER.index(t[0]), hs.EVENT_ORDER.index(t[1]),
+                                                 hs.STATE_ORDER.index(t[2])))  # fmt: skip
+        found_t = tuple(Transition(*triple, _path(parents, *found_h[triple])) for triple in order_h)
+        return StateMachine(rule, start_state, found_t, expanded, complete)
     start: Situation = (rule.init_scale, 0, False, False)
     # parent[key] = (key of the situation before, found_inf, steps): a path to every situation
     parent: dict[Any, tuple[Any, bool, int] | None] = {_key(rule, start): None}
@@ -193,6 +202,8 @@ def draw_scaler_states(scaler_or_rule: LossScaler | ScaleRule | str | None = Non
 
     machine = scaler_state_machine(scaler_or_rule)
     rule = machine.rule
+    if hs.is_hysteresis_rule(rule):
+        return _draw_hysteresis_states(machine, title)
     width, height = CANVAS[rule.mode]
     fig = Figure(figsize=(width, height), dpi=100)
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
@@ -200,7 +211,10 @@ def draw_scaler_states(scaler_or_rule: LossScaler | ScaleRule | str | None = Non
     ax.set_ylim(-0.7, height - 0.7)
     ax.set_aspect("equal")
     ax.set_axis_off()
-    boxes = {state: _draw_state(ax, rule, state, state == machine.start) for state in machine.states}
+    boxes = {}
+    for state in machine.states:
+        about = _state_text(rule, state) + (f"\nstart: scale {_num(rule.init_scale)}" if state == machine.start else "")
+        boxes[state] = _draw_state(ax, state, about, state == machine.start)
     arrows: dict[tuple[str, str, str], list[str]] = {}
     for t in machine.transitions:
         kind = _step_kind(rule, t.event)
@@ -302,39 +316,50 @@ def _settings(rule: ScaleRule) -> str:
     return "; ".join(parts)
 
 
-def _draw_state(ax: Any, rule: ScaleRule, state: str, is_start: bool) -> Any:
+def _draw_state(ax: Any, state: str, about: str, is_start: bool, where: dict[str, tuple[float, float]] = POSITIONS,
+                size: tuple[float, float] = (WIDTH, HEIGHT)) -> Any:  # fmt: skip
     from matplotlib.patches import FancyBboxPatch
 
-    x, y = POSITIONS[state]
-    box = FancyBboxPatch((x - WIDTH / 2, y - HEIGHT / 2), WIDTH, HEIGHT, boxstyle="round,pad=0.04,rounding_size=0.15",
+    (x, y), (w, h) = where[state], size
+    box = FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.04,rounding_size=0.15",
                          facecolor=NODE_COLORS[state], edgecolor="#222222", lw=2.2 if is_start else 1.0,
                          gid=f"state:{state}")  # fmt: skip
     ax.add_patch(box)
-    ax.text(x, y + 0.17, state, ha="center", va="center", fontsize=11, fontweight="bold", gid=f"state:{state}")
-    about = _state_text(rule, state) + (f"\nstart: scale {_num(rule.init_scale)}" if is_start else "")
-    ax.text(x, y - 0.04, about, ha="center", va="top", fontsize=7.5, color="#333333", gid=f"state:{state}")
+    ax.text(x, y + h / 2 - 0.23, state, ha="center", va="center", fontsize=11, fontweight="bold",
+            gid=f"state:{state}")  # fmt: skip
+    ax.text(x, y + h / 2 - 0.44, about, ha="center", va="top", fontsize=7.5, color="#333333", gid=f"state:{state}")
     return box
 
 
 def _draw_arrow(ax: Any, box_a: Any, box_b: Any, a: str, b: str, bend: float, lines: list[str], color: str,
-                gid: str) -> None:  # fmt: skip
+                gid: str, where: dict[str, tuple[float, float]] = POSITIONS, shift: tuple[float, float] = (0, 0),
+                ) -> None:  # fmt: skip
     from matplotlib.patches import FancyArrowPatch
 
-    (xa, ya), (xb, yb) = POSITIONS[a], POSITIONS[b]
+    (xa, ya), (xb, yb) = where[a], where[b]
     arrow = FancyArrowPatch((xa, ya), (xb, yb), patchA=box_a, patchB=box_b, connectionstyle=f"arc3,rad={bend}",
                             arrowstyle="-|>", mutation_scale=14, color=color, lw=1.4, gid=gid)  # fmt: skip
     ax.add_patch(arrow)
     # arc3's control point is the midpoint + bend * (dy, -dx); the curve passes halfway to it
-    mx, my = (xa + xb) / 2 + 0.5 * bend * (yb - ya), (ya + yb) / 2 - 0.5 * bend * (xb - xa)
+    mx, my = (xa + xb) / 2 + 0.5 * bend * (yb - ya) + shift[0], (ya + yb) / 2 - 0.5 * bend * (xb - xa) + shift[1]
     ax.text(mx, my, "\n".join(lines), ha="center", va="center", fontsize=7.5, color=color, gid=gid,
             bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.9))  # fmt: skip
 
 
-def _draw_loop(ax: Any, state: str, side: str, lines: list[str], color: str, gid: str) -> None:
+def _draw_loop(
+    ax: Any,
+    state: str,
+    side: str,
+    lines: list[str],
+    color: str,
+    gid: str,
+    where: dict[str, tuple[float, float]] = POSITIONS,
+    size: tuple[float, float] = (WIDTH, HEIGHT),
+) -> None:
     from matplotlib.patches import FancyArrowPatch
 
-    x, y = POSITIONS[state]
-    w, h, gap, out = WIDTH / 2 + 0.04, HEIGHT / 2 + 0.04, 0.2, 0.5
+    x, y = where[state]
+    w, h, gap, out = size[0] / 2 + 0.04, size[1] / 2 + 0.04, 0.2, 0.5
     # two points on one side of the box, ordered so that arc3 bulges away from it; the label beyond the bulge
     a, b, at, align = {
         "top": ((x + gap, y + h), (x - gap, y + h), (x, y + h + out), dict(ha="center", va="bottom")),
@@ -345,3 +370,83 @@ def _draw_loop(ax: Any, state: str, side: str, lines: list[str], color: str, gid
     ax.add_patch(FancyArrowPatch(a, b, connectionstyle="arc3,rad=2.0", arrowstyle="-|>", mutation_scale=12,
                                  color=color, lw=1.4, gid=gid))  # fmt: skip
     ax.text(*at, "\n".join(lines), fontsize=7.5, color=color, gid=gid, **align)
+
+
+# ---- a hysteresis rule's drawing: "tolerated" between steady and backed_off, the run's end below ----------
+H_POSITIONS = {
+    "at_ceiling": (8.0, 9.7),
+    "tolerated": (8.0, 6.4),
+    "steady": (2.9, 4.0),
+    "backed_off": (13.1, 4.0),
+    "at_floor": (8.0, 0.9),
+    "stopped": (13.1, 0.9),
+}
+H_LOOP_SIDES = {
+    "at_ceiling": {"clean": "right", "overflow": "left"},
+    "steady": {"clean": "top"},
+    "backed_off": {"overflow": "top"},
+    "at_floor": {"clean": "left", "overflow": "bottom"},
+    "tolerated": {"overflow": "left"},  # fairseq with a tolerance: an overflow tolerated after another
+}
+H_SIZE, H_CANVAS = (2.5, 0.95), (16.0, 11.6)
+H_OVERFLOW_EVENTS = ("tolerated", "backed_off", "hit_floor", hs.FLOOR_ERROR)
+NODE_COLORS.update(tolerated="#fdf6d8", stopped="#dddddd")
+# where an arrow's label moves from the middle of its curve, so that no two labels meet (inches)
+H_LABEL_SHIFT: dict[tuple[str, str, str], tuple[float, float]] = {
+    ("steady", "backed_off", "overflow"): (0.0, -0.25),
+    ("at_floor", "tolerated", "overflow"): (0.3, -1.6),
+    ("tolerated", "at_floor", "clean"): (0.9, -1.75),
+    ("steady", "at_ceiling", "clean"): (-0.8, 0.6),
+    ("at_ceiling", "tolerated", "overflow"): (-0.9, 0.0),
+    ("tolerated", "at_ceiling", "clean"): (0.9, 0.0),
+    ("tolerated", "at_ceiling", "overflow"): (0.2, -0.5),  # a backoff from inf is inf again: the scale stays there
+}
+
+
+def _draw_hysteresis_states(machine: StateMachine, title: str | None) -> Any:
+    """draw_scaler_states for a hysteresis rule: the library's counters in every label."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    rule, (width, height) = machine.rule, H_CANVAS
+    fig = Figure(figsize=(width, height), dpi=100)
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, width)
+    ax.set_ylim(-0.7, height - 0.7)
+    ax.set_aspect("equal")
+    ax.set_axis_off()
+    boxes = {}
+    for state in machine.states:
+        start = f"\nstart: scale {hs.num(rule.round(rule.init_scale))}" if state == machine.start else ""
+        boxes[state] = _draw_state(ax, state, hs.state_text(rule, state) + start, state == machine.start,
+                                   H_POSITIONS, H_SIZE)  # fmt: skip
+    arrows: dict[tuple[str, str, str], list[str]] = {}
+    for t in machine.transitions:
+        kind = "overflow" if t.event in H_OVERFLOW_EVENTS else "clean"
+        arrows.setdefault((t.state, t.next_state, kind), []).append(f"{t.event}: {hs.event_text(rule, t.event)}")
+    pairs = {(a, b) for (a, b, _) in arrows}
+    for (a, b, kind), lines in arrows.items():
+        gid, color = f"{a}->{b}:{kind}", STEP_COLORS[kind]
+        if a == b:
+            _draw_loop(ax, a, H_LOOP_SIDES[a].get(kind, "top"), lines, color, gid, H_POSITIONS, H_SIZE)
+            continue
+        crowded = (b, a) in pairs or sum((x, y) == (a, b) for (x, y, _) in arrows) > 1
+        bend = (0.22 if crowded else 0.06) + (0.45 if kind == "clean" and (a, b, "overflow") in arrows else 0.0)
+        _draw_arrow(
+            ax, boxes[a], boxes[b], a, b, bend, lines, color, gid, H_POSITIONS, H_LABEL_SHIFT.get((a, b, kind), (0, 0))
+        )
+    kinds = list(dict.fromkeys(kind for (_, _, kind) in arrows))
+    handles = [Line2D([], [], color=STEP_COLORS[k], lw=1.6, label=STEP_NAMES[k]) for k in kinds]
+    ax.legend(handles=handles, loc="lower left", fontsize=8, frameon=False)
+    from tinyamp.amp.hysteresis_rules import CLASS
+
+    heading = title or f"The {rule.library} loss scaler's states ({CLASS[rule.library]}, with hysteresis)"
+    fig.text(0.5, 1 - 0.1 / height, heading, ha="center", va="top", fontsize=12)
+    lines = f"{hs.settings_text(rule)}\n{hs.restored_text(rule)}"
+    fig.text(0.5, 1 - 0.38 / height, lines, ha="center", va="top", fontsize=8.5, color="#444444")
+    n = len(machine.transitions)
+    note = "" if machine.complete else " (the search stopped at its limit: there may be more)"
+    found = f"{n} transition{'s' * (n != 1)}, found by running the {rule.library} rule's next() from the start over "
+    found += f"{machine.situations:,} situations{note}"
+    fig.text(0.99, 0.01, found, ha="right", va="bottom", fontsize=7, color="#666666")
+    return fig

@@ -68,6 +68,16 @@ def counter_law(library: str, settings: dict[str, Any], event: str) -> str:
     return f"a clean step restores the {COUNTER_NAMES[library]} only when the scale grows, not at every clean step"
 
 
+def overflow_counter_law(library: str) -> str:
+    """What an overflow does to the hysteresis counter (the law a wrong counter after an overflow breaks)."""
+    return {
+        "megatron": "an overflow lowers hysteresis_tracker by 1, the one that backs off included (it goes on down: "
+                    "0, -1, ...); only a growth restores it, never a backoff",
+        "deepspeed": "an overflow that does not back off lowers cur_hysteresis by 1; a backoff leaves it as it is",
+        "fairseq": "an overflow adds 1 to overflows_since_rescale, and a backoff sets it back to 0",
+    }[library]  # fmt: skip
+
+
 def hysteresis_machine(
     make_scaler: Callable[..., Any], reference: str, counter: str | None, round_trip: bool
 ) -> type[RuleBasedStateMachine]:
@@ -171,10 +181,13 @@ def hysteresis_machine(
                 wrong.append(f"your {counter} is {tracker}, the rule's {what} is {expected_counter}")
             if not wrong:
                 return
-            law = "" if found_inf is None else broken_law(reference, self.settings, found_inf, before, scale,
-                                                           expected_scale, event)  # fmt: skip
+            # the laws of the scale only where the scale is wrong (at the floor a right scale can look unmoved)
+            law = "" if found_inf is None or scale == expected_scale else broken_law(
+                reference, self.settings, found_inf, before, scale, expected_scale, event)  # fmt: skip
             if not law and found_inf is False and tracker is not None and tracker != expected_counter:
                 law = counter_law(reference, self.settings, event)
+            if not law and found_inf is True and tracker is not None and tracker != expected_counter:
+                law = overflow_counter_law(reference)
             law = f": {law}" if law else ""
             raise AssertionError(f"{self.when()} {' and '.join(wrong)}{law} (settings: {_in_words(self.settings)})")
 

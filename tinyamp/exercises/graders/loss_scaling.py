@@ -1,4 +1,5 @@
-"""Graders of Exercises 5.1 (DynamicLossScaler), 5.2 (skip_or_step) and 5.3 (scaling_is_exact)."""
+"""Graders of Exercises 5.1 (DynamicLossScaler), 5.2 (skip_or_step), 5.3 (scaling_is_exact) and 5.4
+(HysteresisLossScaler)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,27 @@ def exact_at(scaling_is_exact: Callable[[np.ndarray, int], np.ndarray], g: np.nd
         f"for {about}: at g.flat[{i}] = {number(x)} yours says {'exact' if got.reshape(-1)[i] else 'not exact'}, "
         f"but {why}"
     )
+
+
+# Megatron's rule in one fixed run, after the drawn ones, whatever they met: an overflow tolerated, a clean step that
+# must not restore the counter, the overflow that then backs off, a full window that grows and restores it, two
+# overflows in a row after it (the second backs off, the counter going on to 0), and one more backoff at -1.
+HYSTERESIS_SETTINGS = dict(initial_scale=2.0**10, min_scale=2.0**4, growth_interval=3, hysteresis=2,
+                           growth_factor=2.0, backoff_factor=0.5)  # fmt: skip
+HYSTERESIS_FLAGS = (True, False, True, False, False, False, True, True, True, False, False, False, True)
+
+
+def grade_hysteresis_loss_scaler(scaler_class: type, examples: int) -> None:
+    """Step by step against the megatron preset (settings drawn by hysteresis_settings("megatron"), state_dict
+    round trips among the steps), comparing scale and hysteresis_tracker; then one fixed run that meets each
+    clause of the rule, with a round trip part way to a growth."""
+    from tinyamp.testing.scaler_hysteresis import hysteresis_machine
+
+    make = lambda **settings: scaler_class(**settings)  # noqa: E731  (the student's class, built by keyword)
+    check_scaler(make, "megatron", counter="hysteresis_tracker", max_examples=examples)
+    state = hysteresis_machine(make, "megatron", "hysteresis_tracker", round_trip=True)()
+    state.build(settings=dict(HYSTERESIS_SETTINGS))
+    for step, found_inf in enumerate(HYSTERESIS_FLAGS):
+        if step == 4:
+            state.save_and_restore()
+        state.one_step(found_inf=found_inf)

@@ -1,4 +1,4 @@
-"""Exercises 5.1 to 5.3: the dynamic loss-scale rule, the skipped step, and when scaling is exact (tutorials/05)."""
+"""Exercises 5.1 to 5.4: the dynamic loss-scale rule, the skipped step, exact scaling, hysteresis (tutorials/05)."""
 
 from __future__ import annotations
 
@@ -149,3 +149,91 @@ def scaling_is_exact(g: np.ndarray, k: int) -> np.ndarray:
     scaled = g.astype(np.float64) * 2.0**k  # exact: float64 has 53 bits and a wide exponent
     return (np.abs(scaled) <= 65504.0) & (np.mod(scaled, 2.0**-24) == 0)
     # <<< exercise 5.3
+
+
+class HysteresisLossScaler:
+    """Exercise 5.4: Megatron-LM's loss-scale rule, which tolerates overflows before it backs off.
+
+    Task: keep ``scale`` (a Python float that is a float32 value), ``growth_tracker`` (the
+    clean steps counted towards the next growth) and ``hysteresis_tracker`` (the overflows
+    still tolerated), change them in ``update(found_inf)``, and save and restore all three
+    with ``state_dict()`` / ``load_state_dict(d)``.  The grader drives your scaler and
+    tinyamp's preset "megatron" (``LossScaler.preset("megatron", **settings)``) with the same
+    overflow flags and compares scale and hysteresis_tracker after every step.
+
+    Math, one step (s the scale, t = growth_tracker, h = hysteresis_tracker, N = growth_interval,
+    H = hysteresis; megatron-core 0.16.1, megatron/core/optimizer/grad_scaler.py, ``update``):
+
+    * overflow (found_inf True): t <- 0 and h <- h - 1; if now h <= 0, s <- float32(s *
+      float32(backoff_factor)), raised to float32(min_scale) if below it.  Otherwise the scale
+      is kept: the step is skipped all the same, but one overflow is tolerated.  A backoff does
+      not restore h: it goes on down (0, -1, ...), and every overflow backs off until the next
+      growth.
+    * clean step: t <- t + 1; when t reaches N: t <- 0, h <- H (restored here, and only here:
+      a clean step that does not grow leaves h alone, so the overflows need not be consecutive)
+      and s <- float32(s * float32(growth_factor)), inf past float32's largest value: Megatron
+      does not check, and the scale then stays inf (inf * backoff_factor is inf; every step at
+      that scale overflows).
+
+    float32(v) is ``float(np.float32(v))``: the product of two float32 values is exact in a
+    Python float, so rounding it once to float32 is Megatron's float32 multiplication.
+
+    The grader's settings: initial_scale a power of two from 2^-4 to 2^20, min_scale 0 to 8
+    halvings below it, growth_interval 1 to 5, hysteresis 1 to 4, growth_factor 1.5, 2 or 4,
+    backoff_factor 0.25, 0.5 or 0.7; runs of up to 60 equal flags, so that scales reach the floor
+    and float32's top.
+
+    Read: tutorials/05_loss_scaling.py, section 7 (Tolerating one overflow), and section 3 (the
+    dynamic scaler, one transition at a time).
+
+    Time: about 20 minutes of work once the reading is done (an estimate, for planning a lab).
+    """
+
+    def __init__(
+        self,
+        initial_scale: float = 2.0**32,
+        min_scale: float = 1.0,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 1000,
+        hysteresis: int = 2,
+    ) -> None:
+        # >>> exercise 5.4
+        self.scale = float(np.float32(initial_scale))
+        self.min_scale = float(np.float32(min_scale))
+        self.growth_factor, self.backoff_factor = float(np.float32(growth_factor)), float(np.float32(backoff_factor))
+        self.growth_interval, self.hysteresis = growth_interval, hysteresis
+        self.growth_tracker, self.hysteresis_tracker = 0, hysteresis
+        # <<< exercise 5.4
+
+    def update(self, found_inf: bool) -> None:
+        """One step of the rule: count an overflow down the hysteresis, grow after growth_interval clean steps."""
+        # >>> exercise 5.4
+        if found_inf:
+            self.growth_tracker = 0
+            self.hysteresis_tracker -= 1
+            if self.hysteresis_tracker <= 0:  # out of tolerance: back off (and stay out of it until a growth)
+                self.scale = max(float(np.float32(self.scale * self.backoff_factor)), self.min_scale)
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            self.growth_tracker = 0
+            self.hysteresis_tracker = self.hysteresis
+            with np.errstate(over="ignore"):  # past float32's largest value: inf, as in Megatron
+                self.scale = float(np.float32(self.scale * self.growth_factor))
+        # <<< exercise 5.4
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next steps depend on: the scale and both trackers."""
+        # >>> exercise 5.4
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker,
+                "hysteresis_tracker": self.hysteresis_tracker}  # fmt: skip
+        # <<< exercise 5.4
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a ``state_dict()``: the same future, step for step."""
+        # >>> exercise 5.4
+        self.scale = float(state_dict["scale"])
+        self.growth_tracker = int(state_dict["growth_tracker"])
+        self.hysteresis_tracker = int(state_dict["hysteresis_tracker"])
+        # <<< exercise 5.4
