@@ -22,7 +22,7 @@ from tinyamp.exercises.grading import FAILED, grade
 pytestmark = pytest.mark.cli
 
 CLEAN_STEP = "        self.growth_tracker += 1\n        if self.growth_tracker == self.growth_interval:"
-BACKOFF = "                self.scale = max(float(np.float32(self.scale * self.backoff_factor)), self.min_scale)"
+BACKOFF = "                self.scale = max(float(np.float32(self.backoff_factor * self.scale)), self.min_scale)"
 
 MUTANTS: list[tuple[str, str, str, str, str]] = [
     (

@@ -116,6 +116,18 @@ HYSTERESIS_SCALER: list[Any] = []  # [HysteresisScaler], put there by amp/hyster
 # which imports this module); tinyamp.amp imports it, so that it is there before any preset is built
 
 
+# PyTorch's GradScaler rule; apex, Keras and jmp keep its x2 after 2000 clean steps and x0.5 on overflow,
+# and differ from it only where their presets below say so
+_GRAD_SCALER = dict(
+    init_scale=2.0**16,
+    growth_factor=2.0,
+    backoff_factor=0.5,
+    growth_interval=2000,
+    min_scale=None,
+    max_scale=None,
+    scale_dtype="float32",
+)
+
 PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
     {
         p.name: p
@@ -124,46 +136,21 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
                 "pytorch",
                 "torch.amp.GradScaler: float32 scale 2^16, x0.5 on overflow, x2 after 2000 clean steps, "
                 "growth refused when the float32 result would be inf, no floor (the scale can underflow to 0)",
-                dict(
-                    init_scale=2.0**16,
-                    growth_factor=2.0,
-                    backoff_factor=0.5,
-                    growth_interval=2000,
-                    min_scale=None,
-                    max_scale=None,
-                    scale_dtype="float32",
-                ),
+                _GRAD_SCALER,
             ),
             ScalerPreset(
                 "apex",
                 "apex.amp LossScaler (dynamic): 2^16, /2 on overflow, x2 after 2000 clean steps, "
                 "capped at max_loss_scale=2^24, no floor; starts at min(max_loss_scale, init_scale), "
                 "min_loss_scale=0 is no floor, and a start below min_loss_scale runs until the first overflow",
-                dict(
-                    init_scale=2.0**16,
-                    growth_factor=2.0,
-                    backoff_factor=0.5,
-                    growth_interval=2000,
-                    min_scale=None,
-                    max_scale=2.0**24,
-                    scale_dtype="float64",
-                    start_below_floor=True,
-                ),
+                {**_GRAD_SCALER, "max_scale": 2.0**24, "scale_dtype": "float64", "start_below_floor": True},
                 _as_apex_reads,
             ),
             ScalerPreset(
                 "keras",
                 "keras.optimizers.LossScaleOptimizer (Keras 3): float32 scale 2^15, /2 on overflow, "
                 "x2 after dynamic_growth_steps=2000 clean steps",
-                dict(
-                    init_scale=2.0**15,
-                    growth_factor=2.0,
-                    backoff_factor=0.5,
-                    growth_interval=2000,
-                    min_scale=None,
-                    max_scale=None,
-                    scale_dtype="float32",
-                ),
+                {**_GRAD_SCALER, "init_scale": 2.0**15},
             ),
             ScalerPreset(
                 "jmp",
@@ -172,16 +159,7 @@ PRESETS: Mapping[str, ScalerPreset] = MappingProxyType(
                 "is not finite; "
                 "min_loss_scale is used as its nearest float32 (0: no floor), and a start below it runs "
                 "until the first overflow",
-                dict(
-                    init_scale=2.0**15,
-                    growth_factor=2.0,
-                    backoff_factor=0.5,
-                    growth_interval=2000,
-                    min_scale=1.0,
-                    max_scale=None,
-                    scale_dtype="float32",
-                    start_below_floor=True,
-                ),
+                {**_GRAD_SCALER, "init_scale": 2.0**15, "min_scale": 1.0, "start_below_floor": True},
                 _as_jmp_reads,
             ),
             ScalerPreset(

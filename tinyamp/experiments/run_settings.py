@@ -60,6 +60,13 @@ def problem(name: str, value: Any) -> str | None:
     raise KeyError(f"no rule for the setting {name!r}")
 
 
+def _refuse_unknown(table: dict[str, Any], known: tuple[str, ...], where: str, verb: str) -> None:
+    """A name `tinyamp train` never writes means the file was edited or crafted: ValueError naming the first."""
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError(f"{where} {unknown[0]!r}, which `tinyamp train` never {verb}; the file was edited or crafted")
+
+
 STORED = ("model", "precision", "scaler", "batch_size", "lr", "seed", "schedule", "step", "total_steps")
 
 
@@ -71,12 +78,7 @@ def checked_stored(saved: Any, path: str) -> dict[str, Any]:
     """
     if not isinstance(saved, dict):
         raise ValueError(f"{path}: the checkpoint's settings are not a table of values; the file was edited or damaged")
-    unknown = sorted(set(saved) - set(STORED))
-    if unknown:
-        raise ValueError(
-            f"{path}: the checkpoint's settings include {unknown[0]!r}, which `tinyamp train` never stores; the file "
-            "was edited or crafted"
-        )
+    _refuse_unknown(saved, STORED, f"{path}: the checkpoint's settings include", "stores")
     saved = dict(saved)
     saved.setdefault("total_steps", saved.get("step"))
     for name in STORED:
@@ -100,12 +102,7 @@ def checked_extra(extra: Any, path: str) -> dict[str, Any]:
     """The settings in the ``extra`` of a `tinyamp train` checkpoint, checked (ValueError: one sentence)."""
     if not isinstance(extra, dict) or "train" not in extra:
         raise ValueError(f"{path}: this checkpoint was not written by `tinyamp train`")
-    unknown = sorted(set(extra) - set(EXTRA_SECTIONS))
-    if unknown:
-        raise ValueError(
-            f"{path}: the checkpoint's extra holds {unknown[0]!r}, which `tinyamp train` never writes; the file was "
-            "edited or crafted"
-        )
+    _refuse_unknown(extra, EXTRA_SECTIONS, f"{path}: the checkpoint's extra holds", "writes")
     return checked_stored(extra["train"], path)
 
 

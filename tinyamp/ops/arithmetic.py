@@ -70,14 +70,15 @@ class Div(Function):
 
     def forward(self, a: Any, b: Any) -> Any:
         out = a / b
-        self.save_for_backward(a, b, out)
+        self.a_like = a.shape, a.dtype  # a itself is not kept: both derivatives need only b and c
+        self.save_for_backward(b, out)
         return out
 
     def backward(self, g: Any) -> tuple[Any, Any]:
-        a, b, out = self.saved
+        (a_shape, a_dtype), (b, out) = self.a_like, self.saved
         need_a, need_b = self.needs_input_grad
         return (
-            unbroadcast(g / b, a.shape, a.dtype) if need_a else None,
+            unbroadcast(g / b, a_shape, a_dtype) if need_a else None,
             unbroadcast(-g * out / b, b.shape, b.dtype) if need_b else None,
         )
 

@@ -27,6 +27,7 @@ class Adam(Optimizer):
     hyperparameters = ("lr", "betas", "eps", "weight_decay")
     state_keys = ("step", "exp_avg", "exp_avg_sq")  # per parameter, from its first step on
     decoupled_weight_decay = False
+    default_weight_decay = 0.0  # what weight_decay=None means: AdamW's is 0.01
 
     def __init__(
         self,
@@ -34,11 +35,12 @@ class Adam(Optimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
     ) -> None:
         super().__init__(params)
+        wd = self.default_weight_decay if weight_decay is None else weight_decay
         # each value is checked as it is set (Optimizer.__setattr__, optimizer_checks.checked_hyperparameter)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, wd
 
     def update(self, w: Any, g: Any, state: dict[str, Any]) -> None:
         xp = get_array_module(w)
@@ -78,13 +80,4 @@ class AdamW(Adam):
     """
 
     decoupled_weight_decay = True
-
-    def __init__(
-        self,
-        params: Params,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.01,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay)
+    default_weight_decay = 0.01

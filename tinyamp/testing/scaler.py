@@ -29,7 +29,6 @@ and the factors are); the scale never grows to inf; and a scaler restored from
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +39,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from tinyamp.amp.presets import PRESETS
 from tinyamp.amp.scaler import LossScaler
-from tinyamp.testing.counterexamples import blamed, check_settings, flags_in_words, number, reported_at_the_call
+from tinyamp.testing.counterexamples import check_settings, number, reported_at_the_call
+from tinyamp.testing.scaler_forks import ScalerAndForks
 from tinyamp.testing.strategies import scaler_settings
 
 LONGEST_RUN = 300  # flags in one rule: from 2^-30 to float32's ceiling is 157 growths
@@ -104,11 +104,6 @@ def _fixed_run(machine: type[RuleBasedStateMachine], reference: str, round_trip:
         state.one_step(found_inf=found_inf)
 
 
-def _read(scaler: Any, name: str, kind: type) -> Any:
-    value = getattr(scaler, name)
-    return kind(value() if callable(value) else value)
-
-
 def _is_power_of_two(x: float) -> bool:
     return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
 
@@ -161,20 +156,14 @@ def _scaler_machine(
 ) -> type[RuleBasedStateMachine]:
     names = ["scale"] if counter is None else ["scale", counter]
 
-    class ScalerMachine(RuleBasedStateMachine):
+    class ScalerMachine(ScalerAndForks):
         """Your scaler and the reference rule, given the same found_inf flags; forks restored from state_dict."""
 
         @initialize(settings=scaler_settings(reference))
         def build(self, settings: dict[str, Any]) -> None:
-            self.settings = settings
             self.rule = LossScaler.preset(reference, **settings).rule  # ScaleRule.next: the rule, without a history
             self.expected = (self.rule.init_scale, 0, False, "held")  # scale, tracker, overflow_seen, event
-            self.flags: list[bool] = []
-            self.forks: list[tuple[Any, int]] = []  # (restored scaler, len(flags) when it was restored)
-            with blamed(f"make_scaler(**{settings}) or reading its {' and '.join(names)}"):
-                self.yours = make_scaler(**settings)
-                values = self.values(self.yours)
-            self.compare(values, None, math.nan)
+            self.compare(self.start(make_scaler, names, settings), None, math.nan)
 
         @rule(found_inf=st.booleans())
         def one_step(self, found_inf: bool) -> None:
@@ -188,32 +177,11 @@ def _scaler_machine(
         @precondition(lambda self: round_trip and len(self.forks) < 2)
         @rule()
         def save_and_restore(self) -> None:
-            with blamed(lambda: f"after {flags_in_words(self.flags)}, state_dict() and load_state_dict()"):
-                saved = copy.deepcopy(self.yours.state_dict())
-                fork = make_scaler(**self.settings)
-                fork.load_state_dict(saved)
-                restored, yours = self.values(fork), self.values(self.yours)
-            self.forks.append((fork, len(self.flags)))
-            self.compare_fork(restored, yours, len(self.flags))
-
-        def values(self, scaler: Any) -> tuple[Any, ...]:
-            return tuple(_read(scaler, name, float if name == "scale" else int) for name in names)
+            self.restore_a_fork()
 
         def apply(self, found_inf: bool) -> None:
             self.expected = self.rule.next(*self.expected[:3], found_inf)
-            self.flags.append(found_inf)
-            with blamed(lambda: f"after {flags_in_words(self.flags[:-1]) if len(self.flags) > 1 else 'no step'}, "
-                        f"update({found_inf}) or reading {' and '.join(names)}"):  # fmt: skip
-                before = _read(self.yours, "scale", float)
-                self.yours.update(found_inf)
-                values = self.values(self.yours)
-                forks = []
-                for fork, at in self.forks:
-                    fork.update(found_inf)
-                    forks.append((self.values(fork), at))
-            self.compare(values, found_inf, before)
-            for restored, at in forks:
-                self.compare_fork(restored, values, at)
+            self.step(found_inf)
 
         def compare(self, values: tuple[Any, ...], found_inf: bool | None, before: float) -> None:
             scale, tracker = values[0], values[1] if counter is not None else None
@@ -225,28 +193,10 @@ def _scaler_machine(
                 wrong.append(f"your {counter} is {tracker}, the rule says {expected_tracker}")
             if not wrong:
                 return
-            when = "before any step" if not self.flags else f"after {flags_in_words(self.flags)}"
             law = "" if found_inf is None else broken_law(self.settings, reference, found_inf, before, scale,
                                                            tracker, event, expected_tracker=expected_tracker,
                                                            scale_dtype=self.rule.scale_dtype)  # fmt: skip
-            law = f": {law}" if law else ""
-            raise AssertionError(f"{when} {' and '.join(wrong)}{law} (settings: {settings_in_words(self.settings)})")
-
-        def compare_fork(self, restored: tuple[Any, ...], yours: tuple[Any, ...], at: int) -> None:
-            for name, r, y in zip(names, restored, yours):
-                if not r == y:
-                    since = self.flags[at:]
-                    then = f" and then {flags_in_words(since)}" if since else ""
-                    raise AssertionError(
-                        f"a scaler restored from your state_dict() after {flags_in_words(self.flags[:at])}{then} "
-                        f"has {name} {number(r)}, yours has {number(y)}: a state_dict round trip must "
-                        f"continue identically (settings: {settings_in_words(self.settings)})"
-                    )
+            raise self.failure(wrong, law)
 
     ScalerMachine.__name__ = f"ScalerAgainst_{reference}"
     return ScalerMachine
-
-
-def settings_in_words(settings: dict[str, Any]) -> str:
-    """init_scale=65536, growth_factor=2, ... (numbers as ``number`` writes them)."""
-    return ", ".join(f"{k}={'None' if v is None else number(v)}" for k, v in settings.items())

@@ -12,7 +12,6 @@ raise, and the run is over: no later step is taken.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -20,17 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from tinyamp.amp.hysteresis_rules import LossScaleFloorError, make_rule
-from tinyamp.testing.counterexamples import blamed, flags_in_words, number
+from tinyamp.testing.counterexamples import number
+from tinyamp.testing.scaler_forks import ScalerAndForks, settings_in_words
 from tinyamp.testing.strategies import hysteresis_settings
 
 LONGEST_RUN = 60  # flags in one rule: windows are 1..5 steps, floors 0..9 backoffs below the start
 
 COUNTER_NAMES = {"megatron": "hysteresis_tracker", "deepspeed": "cur_hysteresis", "fairseq": "overflows_since_rescale"}
-
-
-def _read(scaler: Any, name: str, kind: type) -> Any:
-    value = getattr(scaler, name)
-    return kind(value() if callable(value) else value)
 
 
 def broken_law(library: str, settings: dict[str, Any], found_inf: bool, before: float, after: float,
@@ -85,21 +80,15 @@ def hysteresis_machine(
     names = ["scale"] if counter is None else ["scale", counter]
     what = COUNTER_NAMES[reference]
 
-    class HysteresisMachine(RuleBasedStateMachine):
+    class HysteresisMachine(ScalerAndForks):
         """Your scaler and the library's rule, given the same flags, until the rule ends the run."""
 
         @initialize(settings=hysteresis_settings(reference))
         def build(self, settings: dict[str, Any]) -> None:
-            self.settings = settings
             self.rule = make_rule(reference, settings)
             self.expected = (self.rule.round(self.rule.init_scale), self.rule.start(), "held")
-            self.flags: list[bool] = []
             self.ended = False
-            self.forks: list[tuple[Any, int]] = []
-            with blamed(f"make_scaler(**{settings}) or reading its {' and '.join(names)}"):
-                self.yours = make_scaler(**settings)
-                values = self.values(self.yours)
-            self.compare(values, None, self.expected[0])
+            self.compare(self.start(make_scaler, names, settings), None, self.expected[0])
 
         @precondition(lambda self: not self.ended)
         @rule(found_inf=st.booleans())
@@ -121,19 +110,7 @@ def hysteresis_machine(
         @precondition(lambda self: round_trip and not self.ended and len(self.forks) < 2)
         @rule()
         def save_and_restore(self) -> None:
-            with blamed(lambda: f"after {flags_in_words(self.flags)}, state_dict() and load_state_dict()"):
-                saved = copy.deepcopy(self.yours.state_dict())
-                fork = make_scaler(**self.settings)
-                fork.load_state_dict(saved)
-                restored, yours = self.values(fork), self.values(self.yours)
-            self.forks.append((fork, len(self.flags)))
-            self.compare_fork(restored, yours, len(self.flags))
-
-        def values(self, scaler: Any) -> tuple[Any, ...]:
-            return tuple(_read(scaler, name, float if name == "scale" else int) for name in names)
-
-        def when(self) -> str:
-            return "before any step" if not self.flags else f"after {flags_in_words(self.flags)}"
+            self.restore_a_fork()
 
         def apply(self, found_inf: bool) -> None:
             scale, counters, _ = self.expected
@@ -142,19 +119,7 @@ def hysteresis_machine(
             except LossScaleFloorError as exc:
                 self.expect_the_end(found_inf, str(exc))
                 return
-            before_flags = self.when()
-            self.flags.append(found_inf)
-            with blamed(f"{before_flags}, update({found_inf}) or reading {' and '.join(names)}"):
-                before = _read(self.yours, "scale", float)
-                self.yours.update(found_inf)
-                values = self.values(self.yours)
-                forks = []
-                for fork, at in self.forks:
-                    fork.update(found_inf)
-                    forks.append((self.values(fork), at))
-            self.compare(values, found_inf, before)
-            for restored, at in forks:
-                self.compare_fork(restored, values, at)
+            self.step(found_inf)
 
         def expect_the_end(self, found_inf: bool, why: str) -> None:
             self.ended = True
@@ -167,7 +132,7 @@ def hysteresis_machine(
                     continue
                 raise AssertionError(
                     f"{self.when()}, {who}'s update({found_inf}) returned, but the {reference} rule ends the run "
-                    f"here with an error ({why}) (settings: {_in_words(self.settings)})"
+                    f"here with an error ({why}) (settings: {settings_in_words(self.settings)})"
                 )
 
         def compare(self, values: tuple[Any, ...], found_inf: bool | None, before: float) -> None:
@@ -188,26 +153,7 @@ def hysteresis_machine(
                 law = counter_law(reference, self.settings, event)
             if not law and found_inf is True and tracker is not None and tracker != expected_counter:
                 law = overflow_counter_law(reference)
-            law = f": {law}" if law else ""
-            raise AssertionError(f"{self.when()} {' and '.join(wrong)}{law} (settings: {_in_words(self.settings)})")
-
-        def compare_fork(self, restored: tuple[Any, ...], yours: tuple[Any, ...], at: int) -> None:
-            for name, r, y in zip(names, restored, yours):
-                if not r == y:
-                    since = self.flags[at:]
-                    then = f" and then {flags_in_words(since)}" if since else ""
-                    raise AssertionError(
-                        f"a scaler restored from your state_dict() after {flags_in_words(self.flags[:at])}{then} "
-                        f"has {name} {number(r)}, yours has {number(y)}: a state_dict round trip must "
-                        f"continue identically (settings: {_in_words(self.settings)})"
-                    )
+            raise self.failure(wrong, law)
 
     HysteresisMachine.__name__ = f"ScalerAgainst_{reference}"
     return HysteresisMachine
-
-
-def _in_words(settings: dict[str, Any]) -> str:
-    def word(v: Any) -> str:
-        return repr(v) if v is None or isinstance(v, bool) else number(v)
-
-    return ", ".join(f"{k}={word(v)}" for k, v in settings.items())

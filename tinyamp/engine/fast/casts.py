@@ -163,7 +163,10 @@ def add(a: Any, b: Any) -> Any:
     return NotImplemented
 
 
-def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+def _checked_out(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A new array for the result, or the caller's `out` once it is checked to fit."""
+    if out is None:
+        return np.empty(shape, dtype)
     # Both implementations write through a flat view of `out`; of a strided array that
     # would be a copy, and the result would silently go nowhere.
     if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
@@ -171,6 +174,7 @@ def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None
             f"out must be a C-contiguous {dtype} array of shape {shape}; got {out.dtype} {out.shape}"
             f"{'' if out.flags.c_contiguous else ', not contiguous'}"
         )
+    return out
 
 
 def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -178,11 +182,21 @@ def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
     `out`, when given, must be a C-contiguous float32 array of h's shape.
     """
-    if out is None:
-        out = np.empty(h.shape, _F32)
-    _check_out(out, h.shape, _F32)
-    if active_kernels() == "numba":
-        return _compiled.widen_float16(h, out)
+    out = _checked_out(out, h.shape, _F32)
+    return (_compiled.widen_float16 if active_kernels() == "numba" else _widen_in_passes)(h, out)
+
+
+def round_to_float16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 array -> float16, round to nearest even (bit-identical to ``x.astype(np.float16)``).
+
+    `out`, when given, must be a C-contiguous float16 array of x's shape.
+    """
+    out = _checked_out(out, x.shape, _F16)
+    return (_compiled.round_to_float16 if active_kernels() == "numba" else _round_in_passes)(x, out)
+
+
+def _widen_in_passes(h: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """widen_float16 as NumPy passes over blocks."""
     flat = h.reshape(-1)
     signed16, unsigned16, out32 = flat.view(_I16), flat.view(_U16), out.reshape(-1).view(_I32)
     n = flat.size
@@ -203,16 +217,8 @@ def widen_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def round_to_float16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 array -> float16, round to nearest even (bit-identical to ``x.astype(np.float16)``).
-
-    `out`, when given, must be a C-contiguous float16 array of x's shape.
-    """
-    if out is None:
-        out = np.empty(x.shape, _F16)
-    _check_out(out, x.shape, _F16)
-    if active_kernels() == "numba":
-        return _compiled.round_to_float16(x, out)
+def _round_in_passes(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """round_to_float16 as NumPy passes over blocks."""
     bits32, bits16 = x.reshape(-1).view(_U32), out.reshape(-1).view(_U16)
     n = bits32.size
     size = min(n, BLOCK)

@@ -213,14 +213,14 @@ class HysteresisLossScaler:
             self.growth_tracker = 0
             self.hysteresis_tracker -= 1
             if self.hysteresis_tracker <= 0:  # out of tolerance: back off (and stay out of it until a growth)
-                self.scale = max(float(np.float32(self.scale * self.backoff_factor)), self.min_scale)
+                self.scale = max(float(np.float32(self.backoff_factor * self.scale)), self.min_scale)
             return
         self.growth_tracker += 1
         if self.growth_tracker == self.growth_interval:
             self.growth_tracker = 0
             self.hysteresis_tracker = self.hysteresis
             with np.errstate(over="ignore"):  # past float32's largest value: inf, as in Megatron
-                self.scale = float(np.float32(self.scale * self.growth_factor))
+                self.scale = float(np.float32(self.growth_factor * self.scale))
         # <<< exercise 5.4
 
     def state_dict(self) -> dict[str, Any]:

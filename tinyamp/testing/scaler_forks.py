@@ -1,0 +1,100 @@
+"""What check_scaler's two state machines share: your scaler and the ones restored from its state_dict().
+
+``scaler.py`` (the presets that back off at the first overflow) and ``scaler_hysteresis.py``
+(Megatron's, DeepSpeed's and fairseq's rules) each say what their reference rule expects after
+a step (``compare``).  This class builds your scaler, steps it and its forks with the same
+found_inf flags, and fails when a fork reads differently from yours: a state_dict round trip
+must continue identically.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from tinyamp.testing.counterexamples import blamed, flags_in_words, number
+
+
+def read(scaler: Any, name: str, kind: type) -> Any:
+    """``scaler.name`` as `kind`: an attribute, or a method that returns the value (``scale()``)."""
+    value = getattr(scaler, name)
+    return kind(value() if callable(value) else value)
+
+
+def settings_in_words(settings: dict[str, Any]) -> str:
+    """init_scale=65536, growth_factor=2, ..., consecutive_hysteresis=True (numbers as ``number`` writes them)."""
+    return ", ".join(f"{k}={repr(v) if v is None or isinstance(v, bool) else number(v)}" for k, v in settings.items())
+
+
+class ScalerAndForks(RuleBasedStateMachine):
+    """Your scaler (``yours``), the flags it has been given, and the forks restored from its state_dict().
+
+    A subclass writes ``compare`` and calls ``start``, ``step`` and ``restore_a_fork`` from its rules.
+    """
+
+    def start(self, make_scaler: Callable[..., Any], names: list[str], settings: dict[str, Any]) -> tuple[Any, ...]:
+        """Build your scaler, ``make_scaler(**settings)``; returns the `names` it reads before any step
+        (``"scale"``, then the counter compared, if any)."""
+        self.make_scaler, self.names, self.settings = make_scaler, names, settings
+        self.flags: list[bool] = []
+        self.forks: list[tuple[Any, int]] = []  # (restored scaler, len(flags) when it was restored)
+        with blamed(f"make_scaler(**{settings}) or reading its {' and '.join(self.names)}"):
+            self.yours = self.make_scaler(**settings)
+            return self.values(self.yours)
+
+    def values(self, scaler: Any) -> tuple[Any, ...]:
+        return tuple(read(scaler, name, float if name == "scale" else int) for name in self.names)
+
+    def when(self) -> str:
+        return "before any step" if not self.flags else f"after {flags_in_words(self.flags)}"
+
+    def step(self, found_inf: bool) -> None:
+        """``update(found_inf)`` on your scaler and its forks; then yours against the rule, the forks against yours."""
+        so_far = flags_in_words(self.flags)
+        self.flags.append(found_inf)
+        with blamed(f"after {so_far}, update({found_inf}) or reading {' and '.join(self.names)}"):
+            before = read(self.yours, "scale", float)
+            self.yours.update(found_inf)
+            values = self.values(self.yours)
+            forks = []
+            for fork, at in self.forks:
+                fork.update(found_inf)
+                forks.append((self.values(fork), at))
+        self.compare(values, found_inf, before)
+        for restored, at in forks:
+            self.compare_fork(restored, values, at)
+
+    def compare(self, values: tuple[Any, ...], found_inf: bool | None, before: float) -> None:
+        """Your scaler's `values` against the reference rule's (``found_inf`` None: before any step)."""
+        raise NotImplementedError
+
+    def failure(self, wrong: list[str], law: str) -> AssertionError:
+        """When, what your scaler reads wrong, the law that breaks ("" where none is named), and the settings."""
+        law = f": {law}" if law else ""
+        return AssertionError(
+            f"{self.when()} {' and '.join(wrong)}{law} (settings: {settings_in_words(self.settings)})"
+        )
+
+    def restore_a_fork(self) -> None:
+        """A new scaler loaded from your state_dict(): it must read as yours does, now and after every later step."""
+        with blamed(lambda: f"after {flags_in_words(self.flags)}, state_dict() and load_state_dict()"):
+            saved = copy.deepcopy(self.yours.state_dict())
+            fork = self.make_scaler(**self.settings)
+            fork.load_state_dict(saved)
+            restored, yours = self.values(fork), self.values(self.yours)
+        self.forks.append((fork, len(self.flags)))
+        self.compare_fork(restored, yours, len(self.flags))
+
+    def compare_fork(self, restored: tuple[Any, ...], yours: tuple[Any, ...], at: int) -> None:
+        for name, r, y in zip(self.names, restored, yours):
+            if not r == y:
+                since = self.flags[at:]
+                then = f" and then {flags_in_words(since)}" if since else ""
+                raise AssertionError(
+                    f"a scaler restored from your state_dict() after {flags_in_words(self.flags[:at])}{then} "
+                    f"has {name} {number(r)}, yours has {number(y)}: a state_dict round trip must "
+                    f"continue identically (settings: {settings_in_words(self.settings)})"
+                )
