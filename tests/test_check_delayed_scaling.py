@@ -201,8 +201,11 @@ class QuotientTruncated(DelayedScaling):
         r = self.amax_history.max() if self.amax_compute_algo == "max" else self.amax_history[-1]
         if np.isfinite(r) and r > 0 and self.scale < 3e38:
             exact = self.fp8_max * 2.0**-self.margin / float(r)  # float64: near enough to decide the direction
-            nearest = np.float32(exact)
-            self.scale = float(np.nextafter(nearest, np.float32(0)) if float(nearest) > exact else nearest)
+            scale = np.float32(exact)
+            if scale >= 2.0**-126 and float(scale) > exact:  # truncated where float32 is normal (no truncation to 0)
+                scale = np.nextafter(scale, np.float32(0))
+            if scale > 0:  # a quotient that underflows to 0 keeps the previous scale, as the rule does
+                self.scale = float(scale)
 
 
 def test_ulps_lets_a_scale_differ_by_that_many_float32_ulps() -> None:
