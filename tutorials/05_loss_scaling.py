@@ -149,8 +149,9 @@ assert 20 < share_unscaled / share_scaled < 30, (share_scaled, share_unscaled)
 
 # %% [markdown]
 # The histogram below shows why one multiplication suffices. Multiplying by $2^{16}$ adds 16
-# to every $\log_2 |g|$: the whole distribution slides right, most of it out of the region where
-# FP16 rounds to zero. The values that started at or below $2^{-41}$ stay there, and they are
+# to every $\log_2 |g|$: the whole distribution slides right, and most of the values in the
+# region where FP16 rounds to zero (a few percent of all, printed below) leave it. The values
+# that started at or below $2^{-41}$ stay there, and they are
 # about the 0.27% the scaled backward still lost. The top of the distribution ends far below the
 # overflow threshold $65504 \approx 2^{16}$.
 
@@ -177,6 +178,7 @@ print(
     f"(lost in the FP16 backward with S = 2^16: {share_scaled:.3%}); the largest lands at 2^{log2g.max() + 16:.1f}"
 )
 assert drawn_before.sum() == drawn_after.sum() == log2g.size  # every value drawn, before and after the shift
+assert 0.01 < red_before < 0.1  # a few percent of all the values start in the red band
 assert 0 < red_after < red_before / 4  # most of the red band's values leave it, not all
 assert abs(red_after - share_scaled) < 0.001  # and those that stay are what the scaled FP16 backward lost
 assert log2g.max() + 16 < np.log2(F16.max) - 4  # the top of the shifted distribution: 16x below overflow
