@@ -53,9 +53,10 @@ class ScalerAndForks(RuleBasedStateMachine):
 
     def step(self, found_inf: bool) -> None:
         """``update(found_inf)`` on your scaler and its forks; then yours against the rule, the forks against yours."""
-        so_far = flags_in_words(self.flags)
+        n = len(self.flags)  # the flags before this step, put in words only if it fails (a run has thousands)
         self.flags.append(found_inf)
-        with blamed(f"after {so_far}, update({found_inf}) or reading {' and '.join(self.names)}"):
+        reading = " and ".join(self.names)
+        with blamed(lambda: f"after {flags_in_words(self.flags[:n])}, update({found_inf}) or reading {reading}"):
             before = read(self.yours, "scale", float)
             self.yours.update(found_inf)
             values = self.values(self.yours)
