@@ -789,6 +789,10 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_each_plausible_wrong_solution_fails_with_the_rule_it_broke(
     stubs: Path, exercise_id: str, wrong: str, old: str, new: str, reason: str
 ) -> None:
+    fails_with_its_reason(stubs, exercise_id, wrong, old, new, reason)
+
+
+def fails_with_its_reason(stubs: Path, exercise_id: str, wrong: str, old: str, new: str, reason: str) -> None:
     exercise = find(exercise_id)
     (stubs / PACKAGE / f"{exercise.module}.py").write_text(mutant_source(exercise_id, old, new))
     result = grade(exercise, stubs)

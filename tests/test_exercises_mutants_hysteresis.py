@@ -14,10 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_exercises_mutants import mutant_source, stubs  # noqa: F401  (stubs: the workspace fixture)
-
-from tinyamp.exercises.catalog import PACKAGE, find
-from tinyamp.exercises.grading import FAILED, grade
+from test_exercises_mutants import fails_with_its_reason, mutant_source, stubs  # noqa: F401  (stubs: the workspace fixture)
 
 pytestmark = pytest.mark.cli
 
@@ -79,11 +76,7 @@ def test_a_wrong_hysteresis_rule_fails_with_the_clause_it_broke(
     new: str,
     reason: str,
 ) -> None:
-    exercise = find(exercise_id)
-    (stubs / PACKAGE / f"{exercise.module}.py").write_text(mutant_source(exercise_id, old, new))
-    result = grade(exercise, stubs)
-    assert result.status == FAILED, f"{wrong}: graded {result.status}"
-    assert re.search(reason, result.message), result.message
+    fails_with_its_reason(stubs, exercise_id, wrong, old, new, reason)
 
 
 @pytest.mark.parametrize("exercise_id, wrong, old, new, reason", MUTANTS, ids=[m[1] for m in MUTANTS])
