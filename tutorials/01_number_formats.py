@@ -31,7 +31,8 @@
 #
 # Prerequisites: Python and NumPy; nothing about floating point.
 #
-# Time: about 6 s of CPU to run (14 s wall-clock on a busy shared 2-core machine), 30 minutes to read.
+# Time: about 6 s of CPU to run (14 s wall-clock on a busy shared 2-core machine), 60 minutes to read
+# (a reader took 55 to 60).
 
 # %%
 import math

@@ -20,7 +20,8 @@
 # Prerequisites: Python, NumPy and the chain rule; tutorial 1 for the float16 of section 3 and the
 # rounding of section 5.
 #
-# Time: about 1.3 s of CPU to run (3 s wall-clock on a busy shared 2-core machine), 25 minutes to read.
+# Time: about 1.3 s of CPU to run (3 s wall-clock on a busy shared 2-core machine), 40 minutes to read
+# (a reader took 30 to 35 before section 6 was added).
 
 # %%
 import inspect
