@@ -730,7 +730,8 @@ else:
 #   to the even neighbour, whose last mantissa bit, the parity of $|w| / \mathrm{ulp}(w)$, is 0.
 # - An FP16 x FP16 product needs at most 22 significant bits: exact in FP32. Accumulating a long
 #   dot product in FP16 loses the sum (4096 ones stop at 2048); FP32 accumulation rounded once
-#   keeps the result within half an FP16 ulp. tinyamp's FP16 matmul is widen + sgemm + round
+#   keeps the result within half an FP16 ulp plus the FP32 sum's error (for $n$ nonnegative
+#   terms, in any order, at most about $(n - 1) \cdot 2^{-24}$). tinyamp's FP16 matmul is widen + sgemm + round
 #   once, bit for bit: the idealized model of a Tensor Core product (the hardware's own
 #   additions can differ in the last bits: Fasi et al. 2021). Tutorial 8 measures its speed.
 #
