@@ -272,7 +272,7 @@ top32 = top32.view(np.float32)
 top_in_bf16 = np.asarray(formats.round_to(top32, "bfloat16"))
 inf_from = top32[np.argmax(np.isinf(top_in_bf16))]
 print(f"bf16: largest {BF16.max:.5g}; FP32 values from {float(inf_from):.5g} up round to inf")
-assert float(inf_from) == (2 - 2.0**-8) * 2.0**127 == 2.0**128 - 2.0**119  # the midpoint, as derived
+assert float(inf_from) == 2.0**128 - 2.0**119  # the midpoint (2 - 2^-8) 2^127, as derived above
 assert np.all(np.isinf(top_in_bf16[top32 >= inf_from])) and np.all(top_in_bf16[top32 < inf_from] == BF16.max)
 bf16_max_bits = int(np.asarray(BF16.max, dtype=BF16.dtype).view(np.uint16))
 assert bf16_max_bits & 1 == 1  # BF16's largest value has an odd last bit: the tie goes up, to inf
