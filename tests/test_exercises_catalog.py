@@ -91,16 +91,18 @@ def test_the_syllabus_reading_times_are_the_tutorials_own() -> None:
     assert syllabus == reading_minutes() and len(syllabus) >= 10
 
 
-def test_each_labs_time_to_run_is_the_sum_of_its_tutorials_rows() -> None:
-    """The syllabus's first table (labs) against its second (tutorials): seconds of wall time and of CPU time."""
-    text = SYLLABUS.read_text(encoding="utf-8")
+def test_each_labs_time_to_read_and_to_run_is_the_sum_of_its_tutorials_rows() -> None:
+    """The syllabus's first table (labs) against its second (tutorials): minutes of reading (the tutorials'
+    own), seconds of wall time and of CPU time."""
+    text, reading = SYLLABUS.read_text(encoding="utf-8"), reading_minutes()
     rows = {p: (float(wall), float(cpu)) for p, wall, cpu in re.findall(
         r"^\| \w+ \| `(\w\w)_\w+\.py` \| \d+ min \| ([\d.]+) s \(([\d.]+) s CPU\) \|", text, re.M)}  # fmt: skip
-    lab_row = r"^\| (?:\d\. [^|]+|appendix) \| ([^|]+) \| [^|]+ \| ~\d+ min \| ([\d.]+) s \(([\d.]+) s CPU\) \|$"
+    lab_row = r"^\| (?:\d\. [^|]+|appendix) \| ([^|]+) \| [^|]+ \| ~(\d+) min \| ([\d.]+) s \(([\d.]+) s CPU\) \|$"
     labs = re.findall(lab_row, text, re.M)
     assert len(labs) == 6 and len(rows) >= 11
-    for tutorials, wall, cpu in labs:
+    for tutorials, minutes, wall, cpu in labs:
         read = tutorials_in_words(tutorials.replace("appendix", ""))
+        assert int(minutes) == sum(reading[t] for t in read), (tutorials, minutes)
         assert abs(float(wall) - sum(rows[t][0] for t in read)) < 0.5, (tutorials, wall)  # rounded as printed
         assert abs(float(cpu) - sum(rows[t][1] for t in read)) < 0.5, (tutorials, cpu)
 

@@ -29,7 +29,7 @@ pytest.importorskip("matplotlib")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 import tinyamp as ta  # noqa: E402
@@ -404,6 +404,28 @@ def test_an_overflowed_step_is_drawn_as_skipped_with_nothing_changed() -> None:
     assert "step skipped" in all_text and "(skipped)" in all_text
     assert f"0 of {sum(p.size for p in model.parameters()):,} values changed" in all_text
     assert "2^40 -> 2^39 (backed_off)" in all_text
+
+
+def test_a_box_of_several_dtypes_says_so_with_a_bar_of_their_shares() -> None:
+    """The forward's box holds FP16 and FP32 (and the labels' int64): filled as the majority, its bar split by
+    bytes; a box of one dtype has no bar, and the figure says what a mixed box's fill means."""
+    model, opt, scaler, x, y = fp16_step()
+
+    def loss_fn() -> ta.Tensor:
+        with autocast():
+            return ta.cross_entropy(model(x), y)
+
+    fig = drawn(lambda: draw_mixed_precision_step(model, loss_fn, opt, scaler))
+    check_text(fig)
+    forward = measured(fig, "forward")
+    assert len(forward) > 1 and box_fill(fig, "forward") == dtype_colors(max(forward, key=forward.get))[0]
+    bars = {p.get_gid(): p for p in fig.findobj(Rectangle) if (p.get_gid() or "").startswith("share:")}
+    assert set(bars) == {f"share:forward:{d}" for d in forward}  # only the mixed box has a bar
+    widths = {gid.rsplit(":", 1)[1]: bar.get_width() for gid, bar in bars.items()}
+    total = sum(forward.values())
+    assert all(np.isclose(widths[d] / sum(widths.values()), forward[d] / total) for d in forward)
+    assert all(to_hex(bars[f"share:forward:{d}"].get_facecolor()) == dtype_colors(d)[1] for d in forward)
+    assert any("filled in the colour of the one with most bytes" in t.get_text() for t in texts(fig))
 
 
 def test_without_master_weights_the_picture_says_there_is_nothing_to_round() -> None:

@@ -164,11 +164,13 @@ def run_as_notebook(path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyP
         client.execute()
     except nbclient.exceptions.CellExecutionError as exc:
         pytest.fail(f"{path.name}, run as a notebook, failed in a cell:\n{str(exc)[-4000:]}")
-    return sum(
-        "image/png" in output.get("data", {})
-        for cell in notebook.cells if cell.cell_type == "code"
-        for output in cell.get("outputs", [])
-    )  # fmt: skip
+    drawn = 0
+    for number, cell in enumerate(notebook.cells):
+        images = [out["data"]["image/png"] for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+        # a pyplot figure left as the cell's value is drawn twice: by the display hook and by the inline backend
+        assert len(set(images)) == len(images), f"{path.name}, cell {number}: one figure drawn twice"
+        drawn += len(images)
+    return drawn
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -31,9 +31,11 @@
 #
 # Prerequisites: Python and NumPy; nothing about floating point.
 #
-# Time: about 6 s of CPU to run (14 s wall-clock on a busy shared 2-core machine), 30 minutes to read.
+# Time: about 6 s of CPU to run (14 s wall-clock on a busy shared 2-core machine), 60 minutes to read
+# (a reader took 55 to 60).
 
 # %%
+import math
 import os
 from pathlib import Path
 
@@ -263,12 +265,17 @@ assert formats.classify(2.0**-126, "bfloat16") == formats.classify(2.0**-126, "f
 assert formats.classify(2.0**-126 - 2.0**-133, "bfloat16") == formats.classify(below_normal, "float32") == "subnormal"
 assert BF16.min_subnormal == 2.0**-133 and FP32.min_subnormal == 2.0**-149  # ... not the same underflow
 assert formats.classify(1e-42, "bfloat16") == "underflow" and formats.classify(1e-42, "float32") == "subnormal"
-inf_from = np.float32(2.0**128 - 2.0**119)  # the midpoint between BF16's largest value and 2^128
-below = np.nextafter(inf_from, np.float32(0))  # the FP32 value just below it
+# Every FP32 value from BF16's largest to FP32's largest (65,536 bit patterns), rounded to BF16 by
+# ml_dtypes: the first that becomes inf is found by looking, not by the formula above.
+top32 = np.arange(np.float32(BF16.max).view(np.uint32), np.float32(FP32.max).view(np.uint32) + 1, dtype=np.uint32)
+top32 = top32.view(np.float32)
+top_in_bf16 = np.asarray(formats.round_to(top32, "bfloat16"))
+inf_from = top32[np.argmax(np.isinf(top_in_bf16))]
 print(f"bf16: largest {BF16.max:.5g}; FP32 values from {float(inf_from):.5g} up round to inf")
-assert BF16.max == (2 - 2.0**-7) * 2.0**127 and float(inf_from) == (2 - 2.0**-8) * 2.0**127
-assert np.isinf(formats.round_to(inf_from, "bfloat16")) and formats.round_to(below, "bfloat16") == BF16.max
-assert int(inf_from) == 2**128 - 2**119 == 339617752923046005526922703901628039168 and FP32.max > inf_from
+assert float(inf_from) == 2.0**128 - 2.0**119  # the midpoint (2 - 2^-8) 2^127, as derived above
+assert np.all(np.isinf(top_in_bf16[top32 >= inf_from])) and np.all(top_in_bf16[top32 < inf_from] == BF16.max)
+bf16_max_bits = int(np.asarray(BF16.max, dtype=BF16.dtype).view(np.uint16))
+assert bf16_max_bits & 1 == 1  # BF16's largest value has an odd last bit: the tie goes up, to inf
 
 # %% [markdown]
 # ## 5. The ulp, and the additions that are lost
@@ -329,9 +336,12 @@ in_ulps = every_finite.astype(np.float64) / ulps
 assert np.array_equal(in_ulps, np.round(in_ulps)) and in_ulps.max() < 2**11
 assert np.array_equal(every_finite.astype(np.float32) / ulps.astype(np.float32), in_ulps)  # FP32: the same integers
 assert np.array_equal(in_ulps.astype(np.int64) % 2, every_finite.view(np.uint16) & 1)
-# FP32 has the same wall, 8192 times further out: where its ulp becomes 2, at 2^(mantissa bits + 1)
-wall16, wall32 = (2.0 ** (f.mantissa_bits + 1) for f in (FP16, FP32))
-assert formats.ulp(wall16) == formats.ulp(wall32, "float32") == 2 and wall32 / wall16 == 8192
+# FP32 has the same wall, 8192 times further out: where its ulp becomes 2. Found by asking NumPy for
+# the spacing at each power of two, then compared with 2^(mantissa bits + 1).
+wall16, wall32 = (
+    next(2.0**k for k in range(64) if np.spacing(dtype(2.0**k)) == 2) for dtype in (np.float16, np.float32)
+)
+assert (wall16, wall32) == tuple(2.0 ** (f.mantissa_bits + 1) for f in (FP16, FP32)) and wall32 / wall16 == 8192
 assert np.float32(wall32) + np.float32(1) == wall32 and np.float32(wall32 - 1) + np.float32(1) == wall32
 assert not formats.update_is_lost(1.0, 2**-11, "float32")
 print(f"fp16: 2048 + 1 = {np.float16(2048) + np.float16(1)},  2048 - 0.6 = {np.float16(2048) - np.float16(0.6)}")
@@ -399,13 +409,18 @@ colors = {"float16": "#d62728", "bfloat16": "#9467bd", "float32": "#000000"}
 for f in (FP16, BF16, FP32):
     finite = xs[xs <= f.max]
     ax_ulp.loglog(finite, [formats.ulp(x, f.name) for x in finite], label=f.name, color=colors[f.name], lw=1.4)
-ax_ulp.axvspan(xs[0], FP16.min_normal, color="#ff7f0e", alpha=0.12, label="FP16 subnormal (ulp constant)")
+# At or below 2^-25 (half the smallest subnormal; 2^-25 itself is a tie, to the even 0) FP16 holds
+# only 0: that band is not subnormal, and is drawn apart.
+zero_band = ax_ulp.axvspan(xs[0], FP16.min_subnormal / 2, color="#7f7f7f", alpha=0.15,
+                           label="FP16 rounds x to 0 (x at most 2^-25)")  # fmt: skip
+subnormal_band = ax_ulp.axvspan(FP16.min_subnormal / 2, FP16.min_normal, color="#ff7f0e", alpha=0.12,
+                                label="FP16 subnormal (ulp constant)")  # fmt: skip
 ax_ulp.axvline(FP16.max, color="#d62728", ls="--", lw=1, label="FP16 max, 65504")
 ax_ulp.set_xlabel("value x")
 ax_ulp.set_ylabel("ulp(x): gap to the next value")
 ax_ulp.set_title("Spacing of representable values")
 ax_ulp.grid(True, which="major", alpha=0.3)
-ax_ulp.legend(fontsize=8)
+ax_ulp.legend(fontsize=8, loc="upper left")  # the one corner no staircase passes through
 drawn_ulp = {line.get_label(): (line.get_xdata(), line.get_ydata()) for line in ax_ulp.get_lines()}
 
 steps = np.arange(1, N + 1)
@@ -437,13 +452,28 @@ assert np.all(ulp16[normal16] / ulp32[normal16] == 2.0**13) and normal16.mean() 
 assert np.all(ulp_bf16[normal16] / ulp16[normal16] == 2.0**3)
 subnormal16 = x16 < FP16.min_normal
 assert np.all(ulp16[subnormal16] == FP16.min_subnormal) and subnormal16.any()
-assert x16.max() <= FP16.max < drawn_ulp["float32"][0].max() == drawn_ulp["bfloat16"][0].max() == xs.max()
+# The two bands, against NumPy's own FP16 cast of every x drawn there: 0 in the grey one; in the
+# orange one a nonzero value below 2^-14 (or 2^-14 itself, for an x within half an ulp of it).
+x_fp16 = x16.astype(np.float16).astype(np.float64)
+for band, fits in ((zero_band, x_fp16 == 0), (subnormal_band, (x_fp16 > 0) & (x_fp16 <= FP16.min_normal))):
+    inside = (x16 > band.get_x()) & (x16 < band.get_x() + band.get_width())
+    assert inside.sum() > 10 and np.all(fits[inside]), band.get_label()
+assert ulp16[-1] == np.spacing(np.float16(2.0**15)) == 32  # the FP16 staircase reaches [2^15, 2^16), 65504's binade
+# and neither legend covers a point of a line drawn in its panel
+fig.canvas.draw()
+for panel in (ax_ulp, ax_sum):
+    legend_box = panel.get_legend().get_window_extent()
+    for line in panel.get_lines():
+        points = panel.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
+        assert legend_box.count_contains(points) == 0, line.get_label()
 
 # %% [markdown]
 # Read the left panel as a ruler. Each format's ulp is a staircase that doubles at each power of
 # two; FP32's staircase lies $2^{13} = 8192$ times below FP16's (23 versus 10 mantissa bits) and
 # BF16's $2^{3} = 8$ times above it. FP16's line turns flat where the subnormals begin and ends at
-# 65504; BF16 and FP32 continue far beyond both edges of the plot.
+# 65504; below $2^{-25}$ (the grey band) it stays flat, but there it is the gap from 0 to the
+# smallest subnormal, as every such $x$ rounds to 0. BF16 and FP32 continue far beyond both edges
+# of the plot.
 #
 # **In PyTorch.** `torch.float16` and `torch.bfloat16` are the same IEEE 754 formats, so the
 # lesson carries over bit for bit. The optional cell below (it needs PyTorch, and without it
@@ -606,7 +636,17 @@ for n, e in zip(lengths, tiny_err):
     print(f"{n:>6}  {err16[n - 1]:>16.2e}  {err32[n - 1]:>16.2e}  {e:>28.2e}")
 
 assert err16[-1] > 10 * tiny_err[-1]  # FP16 accumulation: an error no output rounding explains
-assert np.all(tiny_err <= 2.0**-11 + err32[lengths - 1])  # half an FP16 ulp, plus the FP32 sum's error
+# Half an FP16 ulp plus the FP32 sum's error, bounded for any order of addition (the BLAS picks its
+# own, and it differs from the FP32 accumulator's above): n nonnegative terms summed in float32 come
+# within gamma = (n - 1) u / (1 - (n - 1) u) of the exact sum, u = 2^-24 (Higham, "Accuracy and
+# Stability of Numerical Algorithms", 2002, section 4.2), and rounding that once to FP16 adds at most
+# 2^-11 of it (every sum here is an FP16 normal number). The references are exact to the last bit:
+# float64's cumulative sums equal math.fsum's correctly rounded ones.
+assert np.array_equal(exact_dot[:, lengths - 1].T, [[math.fsum(p[:n]) for p in products] for n in lengths])
+assert exact_dot.min() >= FP16.min_normal
+gamma = (lengths - 1) * 2.0**-24 / (1 - (lengths - 1) * 2.0**-24)
+any_order_bound = 2.0**-11 * (1 + gamma) + gamma
+assert np.all(tiny_err <= any_order_bound)
 assert 0.02 < err16[-1] < 0.2 and err16[-1] > 10 * err16[63]  # grows with the length, to several percent
 assert np.all(err32 < 1e-5) and err32[-1] > 1e-7  # the FP32 accumulator: near 1e-6 at 4096 terms
 
@@ -638,20 +678,23 @@ drawn = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
 drawn16, drawn_tiny = drawn["FP16 accumulator"], drawn["tinyamp matmul: FP32 accumulate, round once to FP16"]
 assert drawn16[0] == drawn_tiny[0] and np.all(drawn16[lengths[3:] - 1] > drawn_tiny[3:])
 assert min(err32[err32 > 0].min(), tiny_err.min()) > 1e-9 and err16.max() < 1  # the first FP32 error, 0, is not drawn
-fig  # noqa: B018  (the cell's value: a notebook draws the figure under the cell)
 
 # %% [markdown]
 # The FP16 accumulator's error grows with the length, to several percent at 4096 terms; the
 # FP32 accumulator's stays near $10^{-6}$, so rounding its result once to FP16 gives an answer
 # within half an FP16 ulp of the exact one (plus that $10^{-6}$): as good as FP16 can represent.
+# tinyamp's matmul adds in the BLAS's order, not in this one, so its points are checked against a
+# bound that holds for every order: $2^{-11}$ plus at most $(n - 1) \cdot 2^{-24}$ for the FP32
+# sum of $n$ nonnegative terms (to first order; $2.4 \times 10^{-4}$ at 4096 terms).
 # That is the whole numerical case for FP16 matrix products with FP32 accumulation, and why
 # tinyamp's reductions (`sum`, `mean`) of FP16 tensors accumulate in FP32 as well.
 #
 # **In PyTorch.** PyTorch's CPU matmul of `torch.float16` tensors also accumulates in FP32. The
 # optional cell checks it on the same data: 4096 ones sum to 4096, and the 32 dot products of
-# length 4096 are within half an FP16 ulp (plus the FP32 sum's error) of the exact values, far
-# from the FP16 accumulator's error. Its bits need not be tinyamp's: its FP32 additions run in
-# another order, so a few elements of the 64 x 48 product above round differently, by one FP16 ulp.
+# length 4096 are within the same bound (half an FP16 ulp plus the FP32 sum's error in any order)
+# of the exact values, far from the FP16 accumulator's error. Its bits need not be tinyamp's: its
+# FP32 additions run in another order, so a few elements of the 64 x 48 product above round
+# differently, by one FP16 ulp.
 
 # %%
 if torch is None:
@@ -668,7 +711,7 @@ else:
     print(f"torch float16 matmul: 4096 ones -> {ones_torch}; relative error at 4096 terms {err_torch:.2e} "
           f"(FP16 accumulator: {err16[-1]:.2e}); {differ.sum()} of {differ.size} elements differ from tinyamp's, "
           f"by at most {ulps_apart.max():g} FP16 ulp")  # fmt: skip
-    assert ones_torch == 4096.0 and err_torch <= 2.0**-11 + err32[-1] and err16[-1] > 10 * err_torch
+    assert ones_torch == 4096.0 and err_torch <= any_order_bound[-1] and err16[-1] > 10 * err_torch
     assert differ.mean() < 0.01 and ulps_apart.max() <= 1
 
 # %% [markdown]
@@ -687,7 +730,8 @@ else:
 #   to the even neighbour, whose last mantissa bit, the parity of $|w| / \mathrm{ulp}(w)$, is 0.
 # - An FP16 x FP16 product needs at most 22 significant bits: exact in FP32. Accumulating a long
 #   dot product in FP16 loses the sum (4096 ones stop at 2048); FP32 accumulation rounded once
-#   keeps the result within half an FP16 ulp. tinyamp's FP16 matmul is widen + sgemm + round
+#   keeps the result within half an FP16 ulp plus the FP32 sum's error (for $n$ nonnegative
+#   terms, in any order, at most about $(n - 1) \cdot 2^{-24}$). tinyamp's FP16 matmul is widen + sgemm + round
 #   once, bit for bit: the idealized model of a Tensor Core product (the hardware's own
 #   additions can differ in the last bits: Fasi et al. 2021). Tutorial 8 measures its speed.
 #

@@ -24,9 +24,11 @@
 # Prerequisites: tutorial 1 (section 4, underflow), tutorial 3 (section 3, gradients that underflow)
 # and tutorial 4 (`MasterWeights`, whose FP32 gradients the scaler unscales).
 #
-# Time: about 22 s of CPU to run (four of its training runs are the demo's), 25 minutes to read.
+# Time: about 22 s of CPU to run (four of its training runs are the demo's), 45 minutes to read
+# (a reader took 40 to 45).
 
 # %%
+import copy
 import os
 from pathlib import Path
 
@@ -270,16 +272,16 @@ mlp = nn.MLP([64, 64, 64, 10]).half()
 opt = MasterWeights(optim.SGD(mlp.named_parameters(), lr=0.1, momentum=0.9))
 
 
-def training_step(scaler: LossScaler, idx: np.ndarray):
+def training_step(scaler: LossScaler, idx: np.ndarray, model: nn.Module = mlp, optimizer: MasterWeights = opt):
     """One mixed-precision step on the digits in `idx`; returns the scaler's StepReport and the loss."""
     with autocast("float16"):
-        loss = ta.cross_entropy(mlp(ta.tensor(x_train[idx])), ta.tensor(y_train[idx]))
+        loss = ta.cross_entropy(model(ta.tensor(x_train[idx])), ta.tensor(y_train[idx]))
     # An overflow in the backward is the event the scaler is built to detect; NumPy's
     # "overflow encountered" warnings would only repeat it.
     with np.errstate(over="ignore", invalid="ignore"):
         scaler.scale_loss(loss).backward()
-    report = scaler.step(opt)
-    opt.zero_grad()
+    report = scaler.step(optimizer)
+    optimizer.zero_grad()
     return report, loss.item()
 
 
@@ -306,15 +308,36 @@ for _ in range(3):
 print(static)
 # the claim of the next paragraph: its scale never moved, so every one of the three steps overflowed
 assert all(e.found_inf and e.event == "held" and e.scale_after == e.scale_before == 2.0**28 for e in static.history)
-assert len(static.history) == 3 and static.state == "static"
+
+
+# ... and a smaller static scale need not overflow on every step. From copies of this network, the
+# same 12 batches under static scales from 2^28 down, until one of them steps at all:
+def static_pattern(k: int) -> str:
+    """Skipped (s) and taken (.) steps of 12 under a static 2^k, from a copy of the network as it is now."""
+    model = copy.deepcopy(mlp)
+    optimizer = MasterWeights(optim.SGD(model.named_parameters(), lr=0.1, momentum=0.9))
+    scaler, same_batches = LossScaler(mode="static", init_scale=2.0**k), np.random.default_rng(2)
+    reports = [training_step(scaler, same_batches.integers(0, len(x_train), 128), model, optimizer)[0]
+               for _ in range(12)]  # fmt: skip
+    return "".join("s" if r.skipped else "." for r in reports)
+
+
+patterns = {}
+for k in range(28, 0, -1):
+    patterns[k] = static_pattern(k)
+    if "." in patterns[k]:
+        break
+print("static 2^k, 12 steps (s skipped, . taken):", ", ".join(f"2^{k} {p}" for k, p in patterns.items()))
+assert "s" in patterns[k] and "." in patterns[k]  # the first scale that steps at all also skips: both, by step
 
 # %% [markdown]
 # The static scaler skips, correctly, and skips again: its scale never moves, so it goes on
 # overflowing for as long as the gradients stay as large (here, from the untrained network, at
-# $2^{28}$, on every step; a smaller static scale may overflow on some steps and not on others,
-# since each step's gradients differ). A scale small enough never to overflow must be guessed
-# per model, and the best one changes during training as the gradients shrink. Hence dynamic
-# loss scaling.
+# $2^{28}$, on every step). A smaller static scale may overflow on some steps and not on others,
+# since each step's gradients differ: the first scale below $2^{28}$ at which copies of this
+# network take any of the same 12 steps also skips some of them (the run prints which). A scale
+# small enough never to overflow must be guessed per model, and the best one changes during
+# training as the gradients shrink. Hence dynamic loss scaling.
 #
 # ## 3. The dynamic scaler, one transition at a time
 #
@@ -571,7 +594,7 @@ assert not np.all(np.log2(grown) == np.round(np.log2(grown)))  # per-step growth
 # %%
 # Keras and jmp, and PyTorch and Apex, share their curves for most of the run (asserted below):
 # the second of each pair is drawn thinner on top, with markers, so that both stay visible.
-fig, ax = plt.subplots(figsize=(7, 4))
+fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
 looks = {
     "pytorch": {"lw": 3.0, "alpha": 0.6},
     "apex": {"lw": 1.2, "ls": "--", "marker": "s", "ms": 4, "markevery": (1000, 2000)},
@@ -587,10 +610,14 @@ ax.set_xlabel("step")
 ax.set_ylabel("log2 S")
 ax.set_title("Five published loss-scaler rules on one event sequence", fontsize=9)
 ax.grid(alpha=0.3)
-ax.legend(fontsize=7, ncol=3)
-fig.tight_layout()
+ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below: the drop at 22000 shows
 presets_path = OUT / "05_presets.png"
 fig.savefig(presets_path, dpi=110)
+fig.canvas.draw()  # the legend covers no drawn point of any curve
+legend_box = ax.get_legend().get_window_extent()
+for line in ax.get_lines():
+    points = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
+    assert legend_box.count_contains(points) == 0, line.get_label()
 # Curves drawn on top of each other: Keras and jmp until the burst of overflows takes Keras below
 # jmp's floor of 1; PyTorch and Apex until PyTorch grows past Apex's ceiling of 2^24.
 split_kj = int(np.argmax(keras != jmp))

@@ -109,7 +109,7 @@ def _lines(by_dtype: Bytes) -> list[str]:
 
 
 def _main_dtype(by_dtype: Bytes) -> str:
-    """The dtype holding the most bytes: the box's colour."""
+    """The dtype holding the most bytes: the box's fill (a box of several dtypes also draws a bar of their shares)."""
     return max(by_dtype, key=by_dtype.get) if by_dtype else ""
 
 
@@ -144,17 +144,21 @@ def _stages(r: StepRecord) -> list[tuple[str, str, list[str], Bytes]]:
 
 
 BOX_W, BOX_H = 2.7, 1.35  # inches
+SHARE_H = 0.14  # the height of a mixed box's bar of dtype shares, inches
 SLOTS = [(0, 1), (1, 1), (2, 1), (3, 1), (3, 0), (2, 0), (1, 0), (0, 0)]  # (column, row): a loop, clockwise
 
 
 def draw_step_record(record: StepRecord, title: str | None = None) -> Any:
     """Draw a StepRecord: eight boxes in a loop, each filled in the colour of the dtype that holds most of its bytes.
 
-    Each box lists "dtype: bytes" for every dtype it measured.  Artists carry the gid
-    "stage:NAME" (weights, forward, loss, scaled, backward, unscale, update, round).
+    Each box lists "dtype: bytes" for every dtype it measured.  A box that holds several dtypes
+    says so: along its bottom a bar split by each dtype's share of the bytes, in their line colours
+    (gid "share:NAME:DTYPE"), and the figure's second line says what the fill means.  Other
+    artists carry the gid "stage:NAME" (weights, forward, loss, scaled, backward, unscale,
+    update, round).
     """
     from matplotlib.figure import Figure
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 
     fig = Figure(figsize=(12.4, 4.9), dpi=100)
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
@@ -171,6 +175,14 @@ def draw_step_record(record: StepRecord, title: str | None = None) -> Any:
                 gid=f"stage:{gid}")  # fmt: skip
         ax.text(x + 0.12, y + BOX_H - 0.42, "\n".join(lines), ha="left", va="top", fontsize=8, linespacing=1.3,
                 gid=f"stage:{gid}")  # fmt: skip
+        if len(colour_by) > 1:  # a mixed box: its fill is the majority's, the bar shows every share
+            left, total = x + 0.12, sum(colour_by.values())
+            for dtype, n in colour_by.items():
+                width = (BOX_W - 0.24) * n / total
+                strong = dtype_colors(dtype)[1]  # the line colour: the fill colour would vanish on the box's fill
+                ax.add_patch(Rectangle((left, y + 0.1), width, SHARE_H, facecolor=strong, edgecolor="white", lw=0.5,
+                                       gid=f"share:{gid}:{dtype}"))  # fmt: skip
+                left += width
     for i, (x, y) in enumerate(corners):
         nx, ny = corners[(i + 1) % len(corners)]
         if ny == y:  # along a row: from the side of one box to the side of the next
@@ -179,13 +191,16 @@ def draw_step_record(record: StepRecord, title: str | None = None) -> Any:
         else:  # down the right end, up the left end
             start, end = (x + BOX_W / 2, y if ny < y else y + BOX_H), (nx + BOX_W / 2, ny + BOX_H if ny < y else ny)
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color="#333333", lw=1.3))
-    shown = list(dict.fromkeys(_main_dtype(b) for *_, b in stages if b))
+    mixed = [b for *_, b in stages if len(b) > 1]
+    shown = list(dict.fromkeys([_main_dtype(b) for *_, b in stages if b] + [d for b in mixed for d in b]))
     handles = [Patch(facecolor=dtype_colors(d)[0], edgecolor=dtype_colors(d)[1], label=d) for d in shown]
     fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
     heading = title or "One mixed-precision training step, measured: dtypes and bytes at each stage"
     fig.text(0.02, 0.975, heading, ha="left", va="top", fontsize=11)
     outcome = "skipped" if record.nonfinite else "taken"
     scales = f"{_scale_text(record.scale)} -> {_scale_text(record.scale_after)} ({record.event})"
-    fig.text(0.02, 0.915, f"the step was {outcome}; the loss scale went {scales}", ha="left", va="top", fontsize=8.5,
-             color="#444444")  # fmt: skip
+    said = f"the step was {outcome}; the loss scale went {scales}"
+    if mixed:
+        said += "; a box of several dtypes is filled in the colour of the one with most bytes, its bar shows each share"
+    fig.text(0.02, 0.915, said, ha="left", va="top", fontsize=8.5, color="#444444")
     return fig

@@ -15,8 +15,9 @@ def softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
     Math: dy_i/dx_j = y_i (delta_ij - y_j), so dL/dx_j = sum_i g_i y_i (delta_ij - y_j)
     = y_j (g_j - sum_i g_i y_i): one sum along `axis` (keep its dimension to broadcast back).
 
-    Read: tutorials/02_autograd_from_the_inside.py, sections 3 and 4 (one op read from the
-    source; checking a backward); tutorials/06_the_op_policy.py, section 2 (why softmax stays in FP32).
+    Read: tutorials/02_autograd_from_the_inside.py, sections 3, 4 and 6 (one op read from the
+    source; checking a backward; a row-wise op's backward, with keepdims);
+    tutorials/06_the_op_policy.py, section 2 (why softmax stays in FP32).
 
     Time: about 15 minutes of work once the reading is done (an estimate, for planning a lab).
     """
@@ -34,8 +35,9 @@ def log_softmax_backward(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
     Math: y_i = x_i - log sum_k e^(x_k), so dy_i/dx_j = delta_ij - softmax(x)_j, and
     softmax(x) = e^y: dL/dx_j = g_j - e^(y_j) sum_i g_i, one sum along `axis`.
 
-    Read: tutorials/02_autograd_from_the_inside.py, section 4; tutorials/06_the_op_policy.py,
-    section 3 (log, and the loss: why log_softmax is computed without forming softmax).
+    Read: tutorials/02_autograd_from_the_inside.py, sections 4 and 6 (checking a backward; a
+    row-wise op's backward); tutorials/06_the_op_policy.py, section 3 (log, and the loss: why
+    log_softmax is computed without forming softmax).
 
     Time: about 10 minutes of work once the reading is done (an estimate, for planning a lab).
     """
@@ -58,7 +60,8 @@ def layer_norm_backward(xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> np
     row does not change xhat, the second because scaling a row barely does (not at all with
     eps = 0; the formula is exact with eps too: rstd's own derivative gives the second term).
 
-    Read: tutorials/02_autograd_from_the_inside.py, section 4; tutorials/06_the_op_policy.py,
+    Read: tutorials/02_autograd_from_the_inside.py, sections 4 and 6 (checking a backward; a
+    row-wise op's backward: section 6's op is layer norm's first step); tutorials/06_the_op_policy.py,
     section 5 (Layer norm: why its variance stays in FP32).
 
     Time: about 25 minutes of work once the reading is done (an estimate, for planning a lab).
