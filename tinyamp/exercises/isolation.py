@@ -12,8 +12,11 @@ never imports student code, and it alone decides the verdict:
 
 Limits: a time limit per exercise (``DEFAULT_TIMEOUT`` seconds, ``DEEP`` times it with ``--deep``),
 and on Linux a memory limit (``RLIMIT_AS``): the address space the child holds when it starts, plus
-``DEFAULT_MEMORY_GIB``.  The throwaway copy means a student's code that deletes or rewrites files
-changes only the copy it was given: never the workspace, never another exercise's copy.
+``DEFAULT_MEMORY_GIB``; ``containment`` adds the rest (limits the child cannot raise, every process it
+starts killed with it, no standard input, a warning when the grader runs as root).  The throwaway copy
+means a student's code that deletes or rewrites files changes only the copy it was given: never the
+workspace, never another exercise's copy.  The child's one message back is JSON, read with a length
+limit: a pickle would run whatever code it names in the grading command itself.
 
 Children are forked where the OS can (Linux, macOS): the parent imports numpy, hypothesis and every
 grader once, and each child starts with them already loaded (a fresh interpreter per exercise
@@ -22,6 +25,7 @@ would import them again, about half a second each).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -38,11 +42,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from tinyamp.exercises.catalog import DEEP, Exercise, find
+from tinyamp.exercises import containment
+from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
 
 DEFAULT_TIMEOUT = 60.0  # seconds per exercise; the slowest reference solution takes about 3 s
 DEFAULT_MEMORY_GIB = 2.0  # beyond what the grading process itself holds when the exercise starts
 DEFAULT_JOBS = 2  # exercises graded at once (at most the CPU count)
+MESSAGE_LIMIT = 2**16  # bytes of one message from a child; a verdict needs a few hundred
 IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".hypothesis", ".pytest_cache", ".venv", "venv")
 
 
@@ -86,25 +92,56 @@ def grade_isolated(
     preload(exercises)  # numpy, hypothesis and the graders, once, before the first fork
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     pending, running, done = list(exercises), [], {}
+    containment.guard_the_grader(True)
     try:
         for exercise in exercises:
             while exercise.id not in done:
                 while pending and len(running) < max(1, jobs):
-                    running.append(Child(context, pending.pop(0), Path(workspace), deep, limits))
+                    nxt = pending.pop(0)
+                    linked = _linked_file(Path(workspace))
+                    if linked:
+                        done[nxt.id] = _refused(nxt, linked)
+                        continue
+                    running.append(Child(context, nxt, Path(workspace), deep, limits))
+                if not running:
+                    continue
                 soonest = min(child.deadline for child in running)
                 wait([c.process.sentinel for c in running] + [c.receive for c in running if not c.ended],
-                     max(0.0, soonest - time.monotonic()))  # fmt: skip
+                     max(0.0, min(soonest - time.monotonic(), CENSUS_EVERY)))  # fmt: skip
                 for child in list(running):
                     child.drain()
-                    if not child.process.is_alive() or time.monotonic() >= child.deadline:
+                    child.census()
+                    if child.forked_too_often or not child.process.is_alive() or time.monotonic() >= child.deadline:
                         done[child.exercise.id] = child.finish()
                         running.remove(child)
+                        containment.kill_orphans(containment.STARTED)
             yield done[exercise.id]
     finally:
         with _signals_held():  # Ctrl-C, or the caller stopped early: no child outlives the grading, no copy is left
             for child in running:
                 child.kill()
                 child.finish()
+            containment.kill_orphans(containment.STARTED)
+            containment.guard_the_grader(False)
+
+
+CENSUS_EVERY = 0.25  # seconds between two counts of the processes an exercise runs
+
+
+def _linked_file(workspace: Path) -> str:
+    """The first file of the workspace's package that is a symbolic link, as "myamp/x.py -> target" ("" if none)."""
+    package = workspace / PACKAGE
+    for path in sorted(package.rglob("*")) if package.is_dir() else []:
+        if path.is_symlink():
+            return f"{path.relative_to(workspace).as_posix()} -> {os.readlink(path)}"
+    return ""
+
+
+def _refused(exercise: Exercise, linked: str) -> Any:
+    from tinyamp.exercises.grading import FAILED, Result
+
+    return Result(exercise, FAILED, f"{linked} is a link: the grader grades the files in the workspace itself, so "
+                                    "copy the code into it", 0.0)  # fmt: skip
 
 
 @contextmanager
@@ -138,7 +175,7 @@ class Child:
     """One exercise's child process, its throwaway copy of the workspace, and what it has said so far."""
 
     def __init__(self, context: Any, exercise: Exercise, workspace: Path, deep: bool, limits: Limits) -> None:
-        self.exercise, self.limits = exercise, limits
+        self.exercise, self.limits, self.shown = exercise, limits, str(workspace)
         self.folder = Path(tempfile.mkdtemp(prefix="tinyamp-grading-"))
         copy = self.folder / "workspace"
         try:
@@ -149,38 +186,54 @@ class Child:
         except BaseException:  # Ctrl-C in the middle of the copy: the half copy goes too
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
+        self.copy = str(copy)
         self.receive, send = context.Pipe(duplex=False)
         self.process = context.Process(
             target=_child,
-            args=(exercise.id, str(copy), str(workspace), deep, limits.memory_bytes, send),
+            args=(exercise.id, str(copy), deep, limits.memory_bytes, send),
             name=f"grade-{exercise.id}",
         )
         self.start = time.monotonic()
         with warnings.catch_warnings(), _signals_held():  # Python 3.12+ warns of forking with threads (numpy's
             warnings.simplefilter("ignore", DeprecationWarning)  # idle BLAS pool); held: no child started unseen
             self.process.start()
+            containment.STARTED.add(self.process.pid)
         send.close()  # the child holds the only writing end: its death reads as the end of the pipe
         self.deadline = self.start + limits.seconds
         self.messages: dict[str, Any] = {}
         self.timed_out = False
+        self.forked_too_often = False
         self.ended = False  # the pipe reached its end: nothing more to wait for on it
 
     def drain(self) -> None:
-        """Read what the child has sent: ("result", (status, message)) and, before an os._exit, ("exit", why)."""
+        """Read what the child has sent, JSON: {"result": [status, message]} and, before an os._exit, {"exit": why}."""
+        from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED
+
         try:
             while not self.ended and self.receive.poll():
-                kind, value = self.receive.recv()
-                self.messages.setdefault(kind, value)
+                message = json.loads(self.receive.recv_bytes(MESSAGE_LIMIT))
+                kind, value = next(iter(message.items()))
+                if kind == "result" and value[0] in (PASSED, NOT_STARTED, FAILED) and isinstance(value[1], str):
+                    self.messages.setdefault(kind, (value[0], value[1][:MESSAGE_LIMIT]))
+                elif kind == "exit" and isinstance(value, str):
+                    self.messages.setdefault(kind, value[:MESSAGE_LIMIT])
+                else:
+                    raise ValueError("not a message")
         except Exception:  # the end of the pipe, or bytes that are not a message: the verdict says what happened
             self.ended = True
 
+    def census(self) -> None:
+        """Count the processes the exercise runs; past PROCESS_LIMIT, it is ended (a fork bomb)."""
+        if self.process.pid is not None and containment.tree_size(self.process.pid) > containment.PROCESS_LIMIT:
+            self.forked_too_often = True
+
     def kill(self) -> None:
-        """SIGKILL the child and anything it started (it leads its own process group)."""
-        if self.process.pid is None or self.process.exitcode is not None:
+        """SIGKILL the child and every process below it (those that left its process group included)."""
+        if self.process.pid is None:
             return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (AttributeError, OSError):  # no process groups here, or the child had not made its own yet
+        if containment.LINUX:
+            containment.kill_tree(self.process.pid, include_root=self.process.exitcode is None)
+        elif self.process.exitcode is None:
             self.process.kill()
 
     def finish(self) -> Any:
@@ -188,14 +241,16 @@ class Child:
         from tinyamp.exercises.grading import Result
 
         if self.process.is_alive():
-            self.timed_out = True
-            self.kill()
+            self.timed_out = not self.forked_too_often
+        self.kill()  # also when it ended: what it started may still run
         self.process.join()
+        containment.STARTED.discard(self.process.pid)
         self.drain()
         self.receive.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         seconds = time.monotonic() - self.start
         status, message = self.verdict()
+        message = message.replace(self.copy, self.shown)  # the child never learns where the workspace is
         return Result(self.exercise, status, message, min(seconds, self.limits.seconds) if self.timed_out else seconds)
 
     def verdict(self) -> tuple[str, str]:
@@ -203,6 +258,9 @@ class Child:
         from tinyamp.exercises.grading import FAILED
 
         code, result = self.process.exitcode, self.messages.get("result")
+        if self.forked_too_often:
+            return FAILED, (f"started more than {containment.PROCESS_LIMIT} processes at once (a fork bomb?): "
+                            "the grading ended them all")  # fmt: skip
         if self.timed_out:
             if result is not None:
                 return FAILED, (f"gave a verdict but was still running after {self.limits.seconds:g} s: a thread or "
@@ -215,38 +273,57 @@ class Child:
             return FAILED, self.messages["exit"]
         if code is not None and code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            why = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in compiled code?)"}.get(name, "")
+            why = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in compiled code?)",
+                   "SIGXFSZ": f" (a file, or what it printed, reached {containment.OUTPUT_LIMIT // 2**20} MiB: an "
+                              "endless print?)"}.get(name, "")  # fmt: skip
             return FAILED, f"the grading process was killed by {name}{why} before a verdict"
         return FAILED, f"the grading process ended with exit status {code} before a verdict (os._exit, or a crash?)"
 
 
-def _child(exercise_id: str, copy: str, shown: str, deep: bool, memory_bytes: int | None, send: Connection) -> None:
-    """In the child: limits, the copy as the current folder, the grade, one message back (naming `shown`, the
-    workspace, where a message would name the copy)."""
+def _child(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, send: Connection) -> None:
+    """In the child: contained (``containment``), the copy as the current folder, the grade, one message back."""
     from tinyamp.exercises.grading import FAILED, aborted, grade
 
     root = Path(copy)
-    if hasattr(os, "setpgrp"):
-        os.setpgrp()  # its own process group: a timeout kills whatever the student's code started too
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, not the grading command's handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):  # started while the parent held them (_signals_held)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    containment.contain_child(memory_bytes)
     _quiet(root / ".output")  # what student code prints goes to a file in the copy, not into the table
-    _limit_memory(memory_bytes)
     os.chdir(root)
     sys.dont_write_bytecode = True
     _report_os_exit(send, root)
+    for name in [n for n in sys.modules if n.startswith("tinyamp.exercises.solutions")]:
+        del sys.modules[name]  # so that an import of one, however made, loads it again and is seen
+    loaded = set(sys.modules)
     try:
         result = grade(find(exercise_id), root, deep=deep)
         verdict = (result.status, result.message)
         if result.message.startswith("ran out of memory") and memory_bytes is not None:
             limit = f"; the limit is {memory_bytes / 2**30:g} GiB beyond the grader's own, --memory GIB"
             verdict = (FAILED, f"{result.message[:-1]}{limit})")
+        solution = _solution_loaded(loaded)
+        if solution:
+            verdict = (FAILED, f"your code loaded {solution}, tinyamp's reference solution: write it yourself")
     except BaseException as exc:  # sys.exit, KeyboardInterrupt, ...: this exercise's verdict, not the grader's end
         verdict = (FAILED, aborted(exc, root))
-    send.send(("result", (verdict[0], verdict[1].replace(str(root), shown))))
+    _send(send, "result", list(verdict))
     send.close()
+
+
+def _send(send: Connection, kind: str, value: Any) -> None:
+    send.send_bytes(json.dumps({kind: value}).encode())
+
+
+def _solution_loaded(before: set[str]) -> str:
+    """A module of tinyamp's reference solutions that grading loaded (by name, or by the path of its file)."""
+    solutions = (Path(__file__).parent / "solutions").resolve()
+    for name in sorted(set(sys.modules) - before, key=len, reverse=True):  # the module itself, not its package
+        file = getattr(sys.modules.get(name), "__file__", None) or ""
+        if name.startswith("tinyamp.exercises.solutions") or (file and Path(file).resolve().parent == solutions):
+            return name
+    return ""
 
 
 def _quiet(log: Path) -> None:
@@ -260,19 +337,6 @@ def _quiet(log: Path) -> None:
     sys.stdout = sys.stderr = open(1, "w", closefd=False)  # noqa: SIM115  (lives as long as the child)
 
 
-def _limit_memory(extra: int | None) -> None:
-    """RLIMIT_AS: the address space held now plus `extra` bytes (Linux only: elsewhere it is not enforced)."""
-    if extra is None or not sys.platform.startswith("linux"):
-        return
-    import resource
-
-    with open("/proc/self/statm") as statm:
-        held = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = held + extra if hard == resource.RLIM_INFINITY else min(held + extra, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
 def _report_os_exit(send: Connection, root: Path) -> None:
     """Make os._exit, when student code calls it, say so (and where) before the process ends."""
     real_exit = os._exit
@@ -283,7 +347,7 @@ def _report_os_exit(send: Connection, root: Path) -> None:
         where = student_line(traceback.extract_stack(), root)
         if where:  # the grader's own os._exit, at the end of the child, says nothing
             try:
-                send.send(("exit", f"called os._exit({status}) at {where}"))
+                _send(send, "exit", f"called os._exit({status}) at {where}")
             except Exception:
                 pass
         real_exit(status)

@@ -1,0 +1,184 @@
+"""Student code that tries to reach past its grading process: each attack is made for real, by a workspace
+graded by the real command in a subprocess, and each must fail its own exercise with one sentence and leave
+nothing running, nothing written outside its copy, and nothing of its own executed in the grading command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tinyamp.exercises.catalog import PACKAGE
+from tinyamp.exercises.workspace import write_workspace
+
+pytestmark = pytest.mark.cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(workspace: Path, *only: str, timeout: str = "20") -> subprocess.CompletedProcess[str]:
+    """`python -m tinyamp exercises check WORKSPACE --only ...` from this checkout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    argv = [sys.executable, "-m", "tinyamp", "exercises", "check", str(workspace), "--timeout", timeout]
+    for number in only:
+        argv += ["--only", number]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+
+
+def row(out: str, number: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(f"{number} "))
+
+
+@pytest.fixture
+def solutions(tmp_path: Path) -> Path:
+    write_workspace(tmp_path / "ws", solutions=True)
+    return tmp_path / "ws"
+
+
+def first_statement(workspace: Path, module: str, function: str, code: str) -> None:
+    """Put `code` (lines, indented for a function body) first in `function` of myamp/<module>.py."""
+    path = workspace / PACKAGE / f"{module}.py"
+    source = path.read_text()
+    start = source.index(f"def {function}(")
+    after_docstring = source.index('"""', source.index('"""', start) + 3) + 3
+    body = "".join(f"\n    {line}" for line in code.splitlines())
+    path.write_text(f"{source[:after_docstring]}{body}{source[after_docstring:]}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees and limits: Linux only")
+
+
+@linux
+def test_a_daemon_that_left_its_process_group_is_killed_with_its_exercise(solutions: Path, tmp_path: Path) -> None:
+    """A double fork and setsid: the daemon is in no group of the grader's, yet it must not outlive the grading
+    (it would rewrite results.json after the verdict, or run for ever)."""
+    pids, late = tmp_path / "daemon.pid", tmp_path / "written-after-grading"
+    first_statement(solutions, "backward", "softmax_backward", f"""import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open({str(pids)!r}, 'w').write(str(os.getpid()))
+        time.sleep(4)
+        open({str(late)!r}, 'w').write('too late')
+    os._exit(0)""")
+    done = check(solutions, "2.1")
+    assert "2.1 " in done.stdout, done.stderr
+    daemon = int(pids.read_text())
+    assert not alive(daemon), "the daemon outlived the grading"
+    time.sleep(5)
+    assert not late.exists()
+
+
+@linux
+def test_processes_past_the_limit_end_the_exercise_with_a_sentence(solutions: Path, tmp_path: Path) -> None:
+    """Many children, each sleeping: past PROCESS_LIMIT at once the exercise fails at once, and all of them end."""
+    marker = tmp_path / "pids"
+    first_statement(solutions, "backward", "softmax_backward", f"""import os, time
+for _ in range(200):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    open({str(marker)!r}, 'a').write(f'{{pid}}\\n')""")
+    began = time.monotonic()
+    done = check(solutions, "2.1", "2.2")
+    assert time.monotonic() - began < 60
+    assert "started more than 64 processes at once (a fork bomb?)" in row(done.stdout, "2.1"), done.stdout
+    assert " passed " in row(done.stdout, "2.2")  # the next exercise is graded as usual
+    started = [int(p) for p in marker.read_text().split()]
+    assert started and not any(alive(p) for p in started)
+
+
+@linux
+def test_an_endless_print_is_stopped_at_the_output_limit(solutions: Path) -> None:
+    first_statement(solutions, "backward", "softmax_backward", "while True:\n    print('x' * 4096)")
+    began = time.monotonic()
+    done = check(solutions, "2.1", timeout="60")
+    assert time.monotonic() - began < 50  # long before the time limit
+    assert "killed by SIGXFSZ (a file, or what it printed, reached 64 MiB: an endless print?)" in row(done.stdout,
+                                                                                                     "2.1")  # fmt: skip
+
+
+def test_reading_standard_input_ends_at_once(solutions: Path) -> None:
+    first_statement(solutions, "backward", "softmax_backward", "input()")
+    began = time.monotonic()
+    done = check(solutions, "2.1", timeout="60")
+    assert time.monotonic() - began < 50
+    assert "raised EOFError" in row(done.stdout, "2.1"), done.stdout
+
+
+def test_a_pickle_sent_down_the_result_pipe_runs_nothing_in_the_grader(solutions: Path, tmp_path: Path) -> None:
+    """The child's message is JSON: a pickle whose loading would run `touch` is not a verdict, and never runs."""
+    ran = tmp_path / "ran-in-the-grader"
+    first_statement(solutions, "backward", "softmax_backward", f"""import gc, os
+from multiprocessing.connection import Connection
+class Evil:
+    def __reduce__(self):
+        return (os.system, ('touch {ran}',))
+for c in [o for o in gc.get_objects() if isinstance(o, Connection) and o.writable]:
+    c.send(('result', Evil()))""")
+    done = check(solutions, "2.1")
+    assert not ran.exists(), "the pickle ran in the grading command"
+    assert "failed" in row(done.stdout, "2.1") and " passed " not in row(done.stdout, "2.1")
+
+
+def test_the_reference_solution_loaded_through_a_helper_module_fails(solutions: Path) -> None:
+    """The source checks read the graded file; what actually ran is checked too: a helper module that imports the
+    reference solution is caught by the modules the grading loaded."""
+    write_workspace(solutions.parent / "stubs")
+    stubs = solutions.parent / "stubs"
+    (stubs / PACKAGE / "helper.py").write_text("from tinyamp.exercises.solutions import backward as b\n")
+    path = stubs / PACKAGE / "backward.py"
+    source = path.read_text()
+    path.write_text(source.replace("import numpy as np\n", "import numpy as np\n\nfrom myamp import helper\n", 1)
+                    .replace("    raise NotImplementedError", "    return helper.b.softmax_backward(y, g, axis)\n"
+                             "    raise NotImplementedError", 1))  # fmt: skip
+    done = check(stubs, "2.1")
+    assert ("your code loaded tinyamp.exercises.solutions.backward, tinyamp's reference solution: write it "
+            "yourself") in row(done.stdout, "2.1"), done.stdout  # fmt: skip
+
+
+def test_a_module_linked_to_the_solutions_is_not_graded(solutions: Path) -> None:
+    write_workspace(solutions.parent / "stubs")
+    stubs = solutions.parent / "stubs"
+    (stubs / PACKAGE / "backward.py").unlink()
+    (stubs / PACKAGE / "backward.py").symlink_to(solutions / PACKAGE / "backward.py")
+    done = check(stubs, "2.1")
+    assert "myamp/backward.py -> " in row(done.stdout, "2.1")
+    assert "is a link: the grader grades the files in the workspace itself, so copy the code into it" in done.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may raise any limit")
+def test_student_code_cannot_raise_its_memory_limit(solutions: Path) -> None:
+    first_statement(solutions, "backward", "softmax_backward", """import resource
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))""")
+    done = check(solutions, "2.1")
+    assert "raised ValueError" in row(done.stdout, "2.1"), done.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may open any process's files")
+def test_student_code_cannot_write_into_the_graders_table(solutions: Path) -> None:
+    first_statement(solutions, "backward", "softmax_backward", """import os
+with open(f'/proc/{os.getppid()}/fd/1', 'w') as out:
+    out.write('2.1  forged  passed')""")
+    done = check(solutions, "2.1")
+    assert "forged" not in done.stdout
+    assert "raised PermissionError" in row(done.stdout, "2.1"), done.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the warning is for a root grader")
+def test_a_root_grader_says_no_limit_binds_its_children(solutions: Path) -> None:
+    done = check(solutions, "1.1")
+    assert "\nwarning: grading as root: student code runs with root's rights" in done.stdout
