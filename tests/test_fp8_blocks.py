@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tinyamp.fp8.blocks import SCHEMES, quantize, shared_exponents
@@ -64,13 +64,76 @@ def test_nvfp4_meets_a_reference_written_with_ml_dtypes(seed: int, spread: float
     amax = np.abs(x.reshape(3, 4, 16)).max(axis=2)
     block = np.clip(amax * s / np.float32(6), 0, 448).astype(ml_dtypes.float8_e4m3fn)
     assert q.tensor_scale == s and np.array_equal(q.scales, block.view(np.uint8).reshape(3, 4))
-    with np.errstate(divide="ignore"):  # a block scale flushed to 0 (a block 2^19 times below the amax): zeros
-        multiplier = np.where(block.astype(np.float32) > 0, s / block.astype(np.float32), np.float32(0))
-    elements = x.reshape(3, 4, 16) * multiplier[..., None]
+    decoded = block.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a block scale flushed to 0 (2^19 below the amax): zeros
+        elements = np.where(decoded > 0, x.reshape(3, 4, 16) * s / decoded, np.float32(0))  # x * S, then / scale
     fp4 = np.clip(elements, -6, 6).astype(ml_dtypes.float4_e2m1fn)
     assert np.array_equal(q.codes, (fp4.view(np.uint8) & 0xF).reshape(3, 64))
     expected = fp4.astype(np.float32) * block.astype(np.float32)[..., None] * (np.float32(1) / s)
     assert np.array_equal(q.dequantize(), expected.reshape(3, 64))
+
+
+FLT_MAX = np.finfo(np.float32).max
+
+
+def nvfp4_rule(amax: float) -> np.float32:
+    """Transformer Engine's S: fminf(448 * 6 / amax, FLT_MAX) in float32 (its compute_global_encode_scaling_factor)."""
+    with np.errstate(over="ignore"):
+        return min(np.float32(448 * 6) / np.float32(amax), FLT_MAX)
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    top=st.integers(-149, 127),
+    below=st.lists(st.integers(0, 40), min_size=15, max_size=15),
+    zeros=st.floats(0, 0.5),
+)
+@example(seed=0, top=-110, below=[19] * 15, zeros=0.1)  # a block scale of 2^-9 under S ~ 2^118: S / 2^-9 overflows
+@example(seed=0, top=-124, below=[0] * 15, zeros=0.1)  # the issue's tensor: S clamped, zeros among the values
+def test_nvfp4_errs_at_most_a_sixth_of_each_blocks_amax_at_any_magnitude(
+    seed: int, top: int, below: list[int], zeros: float
+) -> None:
+    # The law: |dequantized - x| <= (17/96) block_amax (E4M3 rounds a normal scale within 1/16, E2M1's widest
+    # half-gap is 1 element unit, between 4 and 6) + 6 * 2^-10 / S (a subnormal block scale is off by up to
+    # 2^-10, and a flushed one loses a block below 6 * 2^-10 / S), plus float32's own roundings.
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((16, 16))  # 16 blocks of 16, each block's largest magnitude 1
+    g /= np.abs(g).max(axis=1, keepdims=True)
+    g[rng.random(g.shape) < zeros] = 0.0  # exact zeros: 0 x inf was a NaN
+    g[0, 0] = 1.0  # the first block holds the tensor's amax, 2^top
+    x = (g * np.ldexp(1.0, top - np.array([0] + below))[:, None]).reshape(4, 64).astype(np.float32)
+    q = quantize(x, "nvfp4")
+    s = nvfp4_rule(float(np.abs(x).max()))
+    assert q.tensor_scale == s
+    block_amax = np.abs(x.reshape(16, 16)).max(axis=1, keepdims=True).astype(np.float64)
+    bound = block_amax * (17 / 96 + 2.0**-20) + 6 * 2.0**-10 / np.float64(s) + 2.0**-150
+    error = np.abs(q.dequantize().astype(np.float64) - x).reshape(16, 16)
+    assert np.all(error <= bound), float(np.max(error / bound))
+
+
+@pytest.mark.parametrize("top", [-117, -124, -126, -128, -131])
+def test_a_tiny_nvfp4_tensor_with_a_zero_errs_as_a_unit_one_does(top: int) -> None:
+    # Before: S / block_scale overflowed to inf, every element saturated to +-6 (relative RMS error 1.47 on
+    # this tensor) and the zero, 0 x inf, raised "E2M1 has no NaN".  S is clamped from 2^-116.6 on, and
+    # with it the block scales: their E4M3 rounding differs, their relative error stays within 5%.
+    x = gaussian(2, (4, 64))
+    x[0, 0] = 0.0
+    unit = quantize(x / np.abs(x).max(), "nvfp4").dequantize() * np.abs(x).max() - x
+    tiny = x.astype(np.float64) * 2.0**top / np.abs(x).max()
+    error = quantize(tiny.astype(np.float32), "nvfp4").dequantize() - tiny
+    relative = np.linalg.norm(error) / np.linalg.norm(tiny)
+    assert relative == pytest.approx(np.linalg.norm(unit) / np.linalg.norm(x), rel=0.05) and relative < 0.1
+
+
+@pytest.mark.parametrize(("top", "kept"), [(-131, 1.0), (-134, 0.75), (-136, 0.0), (-149, 0.0)])
+def test_below_2_to_the_minus_131_nvfp4s_fp32_scale_runs_out(top: int, kept: float) -> None:
+    # S cannot pass FLT_MAX: the top block's scale amax * FLT_MAX / 6 turns subnormal below 2^-131.4 (at
+    # 2^-134 it is 1.33 * 2^-9, rounded to 2^-9, and the element, 8, saturates to 6: 3/4 of the value) and
+    # flushes below 2^-135.4, where the whole tensor becomes 0 (no NVFP4 value is below ~2^-138).
+    x = np.zeros(16, np.float32)
+    x[0] = np.float32(2.0**top)
+    q = quantize(x, "nvfp4")
+    assert q.tensor_scale == FLT_MAX and q.dequantize()[0] == pytest.approx(kept * 2.0**top, rel=0.25, abs=0)
 
 
 @pytest.mark.parametrize(("block_amax", "top"), [(1.0625, 6.375), (1.4 * 2.0**-9, 8.4)])
