@@ -1,4 +1,4 @@
-"""tinyamp/fp8/blocks.py: MXFP8, NVFP4 and DeepSeek-V3's blocks meet an independent ml_dtypes reference,
+"""tinyamp/fp8/blocks.py: MXFP8, MXFP4, NVFP4 and DeepSeek-V3's blocks meet an independent ml_dtypes reference,
 their power-of-two scales are exact, "up" never saturates and the OCP "floor" rule clips about one
 block in six, and with outliers every block scheme's error is below per-tensor scaling's."""
 
@@ -17,7 +17,7 @@ from tinyamp.fp8.scaling import next_scale
 pytestmark = pytest.mark.fp8
 
 POWER_OF_TWO = [s for s, (_, _, rounding) in SCHEMES.items() if rounding is not None]
-ML = {"E4M3": ml_dtypes.float8_e4m3fn, "E5M2": ml_dtypes.float8_e5m2}
+ML = {"E4M3": ml_dtypes.float8_e4m3fn, "E5M2": ml_dtypes.float8_e5m2, "E2M1": ml_dtypes.float4_e2m1fn}
 
 
 def gaussian(seed: int, shape=(256, 1024), outliers: float = 0.0) -> np.ndarray:
@@ -34,10 +34,10 @@ def tiles_of(x: np.ndarray, scheme: str) -> np.ndarray:
     return x.reshape(-1, r, x.shape[-1] // c, c)
 
 
-@pytest.mark.parametrize("scheme", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("scheme", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4"])
 @pytest.mark.parametrize("rounding", ["floor", "up"])
 @given(seed=st.integers(0, 2**32 - 1))
-def test_mxfp8_meets_a_reference_written_with_ml_dtypes(scheme: str, rounding: str, seed: int) -> None:
+def test_mx_meets_a_reference_written_with_ml_dtypes(scheme: str, rounding: str, seed: int) -> None:
     fmt = SCHEMES[scheme][0]
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((4, 64)) * 10.0 ** rng.uniform(-30, 30, (4, 1))).astype(np.float32)
@@ -71,6 +71,36 @@ def test_nvfp4_meets_a_reference_written_with_ml_dtypes(seed: int, spread: float
     assert np.array_equal(q.codes, (fp4.view(np.uint8) & 0xF).reshape(3, 64))
     expected = fp4.astype(np.float32) * block.astype(np.float32)[..., None] * (np.float32(1) / s)
     assert np.array_equal(q.dequantize(), expected.reshape(3, 64))
+
+
+@pytest.mark.parametrize(("rounding", "share"), [("floor", 1 / 2), ("up", 1 / 3)])
+@given(seed=st.integers(0, 2**32 - 1), power=st.floats(-35, 35), zeros=st.floats(0, 0.5))
+def test_mxfp4_errs_less_than_half_a_blocks_amax_a_third_rounded_up(
+    rounding: str, share: float, seed: int, power: float, zeros: float
+) -> None:
+    # floor: 2^e <= amax / 4 and an element errs at most 1 (E2M1's gap from 4 to 6 is 2), or less than 2 where
+    # it saturates from below 8: under 2^(e+1) <= amax / 2.  up: 2^e < amax / 3 and nothing saturates.
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((8, 64)) * 10.0 ** (power + rng.uniform(-3, 3, (8, 2, 1))).repeat(32, 2).reshape(8, 64)
+    x[rng.random(x.shape) < zeros] = 0.0
+    x = x.astype(np.float32)
+    q = quantize(x, "mxfp4", rounding)
+    block_amax = np.abs(x.reshape(8, 2, 32)).max(axis=2, keepdims=True).astype(np.float64)
+    error = np.abs(q.dequantize().astype(np.float64) - x).reshape(8, 2, 32)
+    assert np.all((error < share * block_amax) | (error == 0)) and q.codes.max() < 16
+
+
+def test_mxfp4_under_floor_saturates_the_top_of_a_block_and_up_overflows_near_float32s_max() -> None:
+    # floor puts a block's amax in [4, 8): 7 saturates to 6; up scales it to 3.5, which rounds (a tie, to
+    # even) to 4, and from 1.75 * 2^127 on, 4 * 2^126 is 2^128: infinity.
+    x = np.zeros(32, np.float32)
+    x[0] = 7.0
+    assert quantize(x, "mxfp4").dequantize()[0] == 6.0 and quantize(x, "mxfp4", "up").dequantize()[0] == 8.0
+    x[0] = np.float32(1.75 * 2.0**127)
+    assert quantize(x, "mxfp4").dequantize()[0] == 1.5 * 2.0**127
+    assert quantize(x, "mxfp4", "up").dequantize()[0] == np.inf
+    x[0] = np.nextafter(x[0], np.float32(0))
+    assert quantize(x, "mxfp4", "up").dequantize()[0] == 1.5 * 2.0**127  # 3.4999998 rounds to 3
 
 
 FLT_MAX = np.finfo(np.float32).max
@@ -238,7 +268,8 @@ def test_blocks_beat_a_per_tensor_scale_once_an_outlier_outruns_the_formats_rang
             print(f"\noutliers x{outliers:g}: per-tensor", {k: round(v, 4) for k, v in per.items()},
                   "blocks", {k: round(v, 4) for k, v in blocks.items()}, end="")  # fmt: skip
     for per, blocks in table.values():  # FP4 spans 2^-1 to 6: one scale per tensor always loses, outliers or not
-        assert blocks["nvfp4"] < per["E2M1"]
+        assert blocks["nvfp4"] < blocks["mxfp4"] < per["E2M1"]  # E4M3 scales per 16 beat powers of two per 32
+        assert 1.1 < blocks["mxfp4"] / blocks["nvfp4"] < 1.3
     per, blocks = table[100.0]
     assert per["E2M1"] == 1.0  # every bulk value flushed to zero
     assert per["E4M3"] < 1.01 * table[0.0][0]["E4M3"]  # E4M3's range, 2^-9 to 448, absorbs a 100x outlier ...
@@ -264,6 +295,9 @@ def test_blocks_beat_a_per_tensor_scale_once_an_outlier_outruns_the_formats_rang
         (lambda: quantize(np.zeros(32), "mxfp8_e4m3"), TypeError, ["float64"]),
         (lambda: quantize(np.r_[np.nan, np.zeros(31)].astype(np.float32), "mxfp8_e4m3"), ValueError, ["1 NaN"]),
         (lambda: quantize(np.r_[np.inf, -np.inf, np.zeros(14)].astype(np.float32), "nvfp4"), ValueError, ["2 NaN"]),
+        (lambda: quantize(np.zeros((2, 48), np.float32), "mxfp4"), ValueError, ["mxfp4", "1x32", "(2, 48)", "pad"]),
+        (lambda: quantize(np.r_[np.nan, np.inf, np.zeros(30)].astype(np.float32), "mxfp4"), ValueError, ["2 NaN"]),
+        (lambda: quantize(np.zeros(32, np.float32), "mxfp4", "even"), ValueError, ["mxfp4", "'floor' or 'up'"]),
     ],
 )
 def test_bad_input_is_refused_with_one_sentence_naming_the_fix(call, error, words: list[str]) -> None:
@@ -280,6 +314,15 @@ def test_a_tensor_of_zeros_stays_zero_and_leading_axes_fold_into_rows(scheme: st
     assert q.codes.shape == shape and q.codes.dtype == np.uint8 and q.scales.dtype == np.uint8
     assert np.array_equal(q.dequantize(), np.zeros(shape, np.float32)) and q.dequantize().dtype == np.float32
     assert q.tensor_scale == 1.0 and q.codes.nbytes == np.prod(shape)  # one byte a value
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("shape", [(0,), (0, 128), (128, 0)])
+def test_an_empty_tensor_has_no_blocks_and_quantizes_to_an_empty_one(scheme: str, shape: tuple) -> None:
+    if SCHEMES[scheme][1][0] > 1 and len(shape) == 1:
+        shape = (0, 0)  # 128 x 128 blocks need a 2-D tensor, even an empty one
+    q = quantize(np.zeros(shape, np.float32), scheme)
+    assert q.codes.shape == shape and q.scales.size == 0 and q.dequantize().shape == shape
 
 
 def test_shared_exponents_of_zero_and_the_extremes_stay_in_e8m0() -> None:

@@ -7,6 +7,7 @@ pushes every other value toward the subnormals.  Block formats give each block i
 scheme              elements    block       scale of a block (stored per block, one byte)
 ==================  ==========  ==========  ======================================================
 mxfp8_e4m3 / _e5m2  E4M3, E5M2  1 x 32      E8M0 2^e (OCP Microscaling v1.0)
+mxfp4               E2M1        1 x 32      E8M0 2^e (OCP Microscaling v1.0)
 nvfp4               E2M1        1 x 16      E4M3 block_amax * S / 6, under an FP32 tensor scale S
 deepseek_1x128      E4M3        1 x 128     2^e (DeepSeek-V3's activation tiles)
 deepseek_128x128    E4M3        128 x 128   2^e (DeepSeek-V3's weight blocks; a 2-D tensor)
@@ -20,8 +21,9 @@ E2M1), the OCP reference takes e = floor(log2 block_amax) - emax_elem (rounding 
 block's amax lands in [2^emax_elem, 2^(emax_elem+1)), [256, 512) for E4M3 and [4, 8) for E2M1, and
 above 448 (or 6) it saturates; for Gaussian data in E4M3 that clips the top of about one block in
 six (measured in tests/test_fp8_blocks.py).  floor(log2 amax) is read exactly, from the float's
-exponent field: microxcaling's float32 ``log2`` rounds an amax a few ulp below 2^k up to k, a
-scale twice too large, which leaves the block one bit less in every element.  Transformer Engine
+exponent field, as hardware and torchao's FLOOR read it: microxcaling's float32 ``log2`` rounds an
+amax a few ulp below 2^k to k, so there its floor acts as rounding up (a scale twice as large, every
+element one binade nearer the subnormals), a rule that would hang on a log2's last bit.  Transformer Engine
 rounds the scale up; ``"up"`` here is the exact rule, the smallest e with block_amax / 2^e <=
 FMT_MAX, and nothing saturates (TE reaches its power of two through amax times float32
 1/FMT_MAX, which can round across a boundary).  MX defaults to ``"floor"``, DeepSeek's blocks to
@@ -48,9 +50,11 @@ multiplication by float32(1 / S).
 
 **What blocks buy** (measured in tests/test_fp8_blocks.py on the Gaussian bulk of 2^18 values
 with eight outliers).  FP4 spans only 0.5 to 6: one scale per tensor loses the bulk at 100x
-outliers, NVFP4 keeps it.  E4M3's range absorbs a 100x outlier, and there per-tensor scaling
-is as good as blocks (the floor rule's clipping even makes MXFP8 worse); at 10^5x the bulk
-falls into E4M3's subnormals under one scale, and 1 x 32 or 1 x 128 blocks err over 5 times less.
+outliers, NVFP4 keeps it, and MXFP4 errs 1.1 to 1.3 times as much as NVFP4 (blocks of 32, scales
+that are powers of two, the floor rule saturating a block's top).  E4M3's range absorbs a 100x
+outlier, and there per-tensor scaling is as good as blocks (the floor rule's clipping even makes
+MXFP8 worse); at 10^5x the bulk falls into E4M3's subnormals under one scale, and 1 x 32 or
+1 x 128 blocks err over 5 times less.
 
 **Bad input** (refused in ``scaling_checks``).  A block that does not divide the last axis (or,
 for 128 x 128, the rows) is refused with the shape and the fix (pad with zeros: they change no
@@ -72,6 +76,7 @@ from tinyamp.fp8.formats import E2M1, E4M3, E5M2, Minifloat, decode, decode_e8m0
 SCHEMES: dict[str, tuple[Minifloat, tuple[int, int], str | None]] = {
     "mxfp8_e4m3": (E4M3, (1, 32), "floor"),
     "mxfp8_e5m2": (E5M2, (1, 32), "floor"),
+    "mxfp4": (E2M1, (1, 32), "floor"),
     "nvfp4": (E2M1, (1, 16), None),
     "deepseek_1x128": (E4M3, (1, 128), "up"),
     "deepseek_128x128": (E4M3, (128, 128), "up"),
