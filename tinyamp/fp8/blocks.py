@@ -42,10 +42,11 @@ fewer of E2M1's values (tests/test_fp8_peers.py measures it).  Rounded down, a s
 block's top element reach 6 * 17/16 (more where the scale is subnormal), saturated to 6.
 Elements are (x * S) / block_scale in float32, then E2M1: x * S is at most about 2688 and a block
 scale at least 2^-9, so neither step overflows, where the factor S / block_scale (up to
-FLT_MAX / 2^-9) can for a tensor amax below about 2^-107.6.  A block scale that flushes to 0 makes
-its block 0.  Under the largest FP32 S no value below 0.5 * 2^-9 / FLT_MAX (about 2^-138) exists:
-a tensor whose amax is below about 2^-131.4 gets subnormal block scales, and one below about
-2^-135.4 flushes whole.  Dequantizing, element * block_scale is exact and the one rounding is the
+FLT_MAX / 2^-9) can for a tensor amax below about 2^-107.6.  A nonzero block whose scale rounds
+to 0 gets E4M3's smallest, 2^-9: 0 would zero the block, and 2^-9 errs at most |x| on each value
+and keeps the largest.  Under the largest FP32 S no value below 0.5 * 2^-9 / FLT_MAX (about
+2^-138) exists: a tensor whose amax is below about 2^-131.4 gets subnormal block scales, and its
+values at or below 2^-139 become 0.  Dequantizing, element * block_scale is exact and the one rounding is the
 multiplication by float32(1 / S).
 
 **What blocks buy** (measured in tests/test_fp8_blocks.py on the Gaussian bulk of 2^18 values
@@ -140,6 +141,7 @@ def quantize(x: np.ndarray, scheme: str, rounding: str | None = None) -> BlockTe
     if default is None:  # nvfp4: an E4M3 scale per block under the FP32 tensor scale S
         s = nvfp4_tensor_scale(float(amax.max(initial=0.0)))
         scales = encode((amax * s / np.float32(6.0)).astype(np.float32), E4M3)  # rounded to nearest, saturating
+        scales[(scales == 0) & (amax > 0)] = 1  # not 0, which zeroes the block: 2^-9 keeps its largest values
         decoded = decode(scales, E4M3)[:, None, :, None]
         with np.errstate(divide="ignore", invalid="ignore"):  # x * S <= 2688 and a block scale >= 2^-9: finite
             elements = np.where(decoded > 0, tiles * s / decoded, np.float32(0.0))  # 0: a flushed block
