@@ -13,8 +13,8 @@ deepseek_1x128      E4M3        1 x 128     2^e (DeepSeek-V3's activation tiles)
 deepseek_128x128    E4M3        128 x 128   2^e (DeepSeek-V3's weight blocks; a 2-D tensor)
 ==================  ==========  ==========  ======================================================
 
-A stored scale is the *decoding* one, as MX's X and Transformer Engine's ``scale_inv``: a
-value is its element times its block's scale.  Blocks run along the last axis (rows of 1).
+A stored scale is the *decoding* one, as MX's X and TE's ``scale_inv``: a value is its element
+times its block's scale.  Blocks run along the last axis (rows of 1).
 
 **The shared exponent.**  With emax_elem = floor(log2 FMT_MAX) (8 for E4M3, 15 for E5M2, 2 for
 E2M1), the OCP reference takes e = floor(log2 block_amax) - emax_elem (rounding ``"floor"``): the
@@ -51,17 +51,16 @@ multiplication by float32(1 / S).
 
 **What blocks buy** (measured in tests/test_fp8_blocks.py on the Gaussian bulk of 2^18 values
 with eight outliers).  FP4 spans only 0.5 to 6: one scale per tensor loses the bulk at 100x
-outliers, NVFP4 keeps it, and MXFP4 errs 1.1 to 1.3 times as much as NVFP4 (blocks of 32, scales
-that are powers of two, the floor rule saturating a block's top).  E4M3's range absorbs a 100x
-outlier, and there per-tensor scaling is as good as blocks (the floor rule's clipping even makes
-MXFP8 worse); at 10^5x the bulk falls into E4M3's subnormals under one scale, and 1 x 32 or
-1 x 128 blocks err over 5 times less.
+outliers, NVFP4 keeps it, and MXFP4 errs 1.1 to 1.3 times as much (blocks of 32, power-of-two
+scales, the floor rule saturating a block's top).  E4M3's range absorbs a 100x outlier, and there
+per-tensor scaling is as good as blocks (the floor rule's clipping even makes MXFP8 worse); at 10^5x
+the bulk falls into E4M3's subnormals under one scale, and 1 x 32 or 1 x 128 blocks err over 5 times less.
 
 **Bad input** (refused in ``scaling_checks``).  A block that does not divide the last axis (or,
 for 128 x 128, the rows) is refused with the shape and the fix (pad with zeros: they change no
-amax).  NaN or infinity is refused too: it would make its block's amax, and so its scale,
-meaningless.  Per-tensor scaling (``TensorScaling``) is the path that casts such values to NaN
-and reports them.  An empty tensor has no block to scale and quantizes to an empty one.
+amax).  NaN or infinity is refused: it would make its block's amax, and its scale, meaningless;
+per-tensor scaling (``TensorScaling``) casts such values to NaN and reports them.  An empty
+tensor has no block to scale and quantizes to an empty one.
 """
 
 from __future__ import annotations
