@@ -91,7 +91,7 @@ def test_rounding_is_monotone(name: str, values: list[float]) -> None:
     assert np.all(np.diff(decode(encode(x, name), name)) >= 0)
 
 
-def test_ml_dtypes_casts_do_not_saturate_and_these_do() -> None:
+def test_ml_dtypes_fp8_casts_do_not_saturate_and_these_do() -> None:
     with np.errstate(invalid="ignore", over="ignore"):
         assert np.isnan(np.float32(465).astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
         assert np.isinf(np.float32(61440).astype(ml_dtypes.float8_e5m2).astype(np.float32))
@@ -101,6 +101,17 @@ def test_ml_dtypes_casts_do_not_saturate_and_these_do() -> None:
     assert decode(encode(np.float32([464, 449]), "E4M3"), "E4M3").tolist() == [448, 448]  # the tie goes to even
     nan = encode(np.array([np.nan, -np.nan], np.float32), "E4M3")
     assert nan.tolist() == [0x7F, 0xFF] and np.isnan(decode(nan, "E4M3")).all()  # NaN stays NaN, sign kept
+
+
+def test_ml_dtypes_fp4_cast_saturates_and_casts_nan_to_zero_as_formats_py_says() -> None:
+    # formats.py's docstring states this of ml_dtypes (0.7.0): the test fails if a release changes it.
+    x = np.array([7, 1e30, np.inf, -np.inf, 6.5, np.nan, -np.nan], np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        got = x.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    assert got[:5].tolist() == [6, 6, 6, -6, 6] and got[5:].tolist() == [0, 0]  # saturated; NaN a zero
+    assert decode(encode(x[:5], "E2M1"), "E2M1").tolist() == [6, 6, 6, -6, 6]  # tinyamp saturates alike
+    with pytest.raises(ValueError, match="E2M1 has no NaN"):  # and refuses the NaN ml_dtypes makes 0
+        encode(x[5:], "E2M1")
 
 
 def test_the_limits_are_those_of_the_formats() -> None:

@@ -14,7 +14,8 @@
 # - delayed scaling (a scale from the amax history) against current scaling (from the tensor
 #   itself), what one spike in the amax does to the next steps, and what a margin buys;
 # - block scaling: a scale per 32 values (MXFP8) against one per tensor;
-# - why a long FP8 product promotes its partial sums to FP32 every 128 products.
+# - why a long FP8 product promotes its partial sums to FP32 every 128 products;
+# - the five edges where tinyamp's rules part from torchao's, microxcaling's and Transformer Engine's.
 #
 # Everything runs on NumPy: `tinyamp.fp8` rounds to E4M3 and E5M2 by hand (with the saturating
 # cast the recipes use), keeps each tensor's scale as a state machine with its amax history,
@@ -38,7 +39,7 @@ from threadpoolctl import threadpool_limits
 import tinyamp as ta
 from tinyamp import nn, optim
 from tinyamp.data import load_digits
-from tinyamp.fp8 import E4M3, E5M2, Fp8Tensor, ScalingRecipe, TensorScaling, fp8_matmul, quantize_blocks
+from tinyamp.fp8 import E2M1, E4M3, E5M2, Fp8Tensor, ScalingRecipe, TensorScaling, fp8_matmul, quantize_blocks
 from tinyamp.fp8.formats import decode, encode
 from tinyamp.fp8.tables import limits_table
 
@@ -495,6 +496,82 @@ assert exact_at == KS[: len(exact_at)] and 0 < len(exact_at) < len(KS)  # exact 
 assert [len(line.get_ydata()) for line in ax.lines] == [len(KS) - len(exact_at), len(KS), len(KS)]
 
 # %% [markdown]
+# ## 6. At the edges: where tinyamp parts from its peers, and why
+#
+# tinyamp's casts give torchao's, microxcaling's and ml_dtypes' bits on ordinary tensors
+# (`tests/test_fp8_peers.py`, `tests/test_fp8_blocks.py`). At five edges the peers differ, and
+# tinyamp picks one rule, for a numerical reason:
+#
+# 1. **E8M0 code 0** means $2^{-127}$, a float32 subnormal. torchao divides such a block by
+#    $2^{-126}$ instead (Triton flushes the subnormal), so what it stores decodes to half of each
+#    value; tinyamp divides by $2^{-127}$, exactly.
+# 2. **floor(log2 amax)** is read from the exponent field. microxcaling takes a float32 `log2`,
+#    which returns $k$ for an amax one ulp below $2^k$: there its floor rounds up.
+# 3. **NVFP4 block scales** keep E4M3's subnormals (and a nonzero block never gets the scale 0);
+#    torchao clamps them to $[2^{-6}, 448]$, too large for a block far below the tensor's amax.
+# 4. **An inf under current scaling** becomes NaN; Transformer Engine's satfinite cast makes it
+#    448, a finite value wrong by an unbounded factor, that no overflow check downstream can see.
+# 5. **A NaN or inf amax under delayed scaling** stays out of the history; in TE's history an
+#    inf is the maximum for a whole window, holding a stale scale while the tensor clips.
+#
+# The peers' rules below are written by hand from what their code does (the tests compare
+# against torchao itself where it is installed). MXFP4, E2M1 in blocks of 32 under E8M0 scales,
+# is the scheme `"mxfp4"`, built as MXFP8 is with $e = \lfloor \log_2 \mathrm{amax} \rfloor - 2$.
+
+# %%
+edge = np.zeros(32, np.float32)
+edge[:3] = np.ldexp(np.float32([448, 3, -0.5]), -127)  # a block whose scale is E8M0 code 0
+ours = quantize_blocks(edge, "mxfp8_e4m3")
+halved = decode(encode(edge / np.float32(2.0**-126), E4M3), E4M3) * np.float32(2.0**-127)  # torchao's division
+print(
+    f"1. code {int(ours.scales.ravel()[0])}: tinyamp gives back x exactly: "
+    f"{np.array_equal(ours.dequantize(), edge)}; dividing by 2^-126 decodes x / 2: {np.array_equal(halved, edge / 2)}"
+)
+assert ours.scales.ravel()[0] == 0 and np.array_equal(ours.dequantize(), edge) and np.array_equal(halved, edge / 2)
+
+below_256 = np.nextafter(np.float32(256), np.float32(0))
+exact = np.frexp(np.float64(below_256))[1] - 1  # floor(log2) from the exponent: 7
+print(
+    f"2. amax one ulp below 256: float32 log2 = {np.log2(below_256)!r}, so microxcaling's floor is "
+    f"{int(np.floor(np.log2(below_256)))}; the exponent field's is {exact}"
+)
+assert np.floor(np.log2(below_256)) == 8 and exact == 7
+
+bulk = np.random.default_rng(2).standard_normal((256, 1024)).astype(np.float32)
+bulk.reshape(-1)[:8] *= np.float32(1e5)  # eight outliers 10^5 times the bulk
+q4 = quantize_blocks(bulk, "nvfp4")
+s4, tiles = np.float32(q4.tensor_scale), bulk.reshape(-1, 16)
+clamped = decode(
+    encode(np.clip(np.abs(tiles).max(1) * s4 / np.float32(6), 2.0**-6, 448).astype(np.float32), E4M3), E4M3
+)
+torchao_like = decode(encode(tiles * s4 / clamped[:, None], E2M1), E2M1) * clamped[:, None] * (np.float32(1) / s4)
+flat = bulk.reshape(-1)[8:]  # the bulk, outliers left out
+nv_error = {name: float(np.linalg.norm(y.reshape(-1)[8:] - flat) / np.linalg.norm(flat))
+            for name, y in (("subnormal scales kept", q4.dequantize()), ("clamped to 2^-6", torchao_like))}  # fmt: skip
+print("3. NVFP4, the bulk's relative RMS error with 10^5x outliers:", {k: round(v, 3) for k, v in nv_error.items()})
+assert nv_error["subnormal scales kept"] < 0.7 * nv_error["clamped to 2^-6"]
+
+current = TensorScaling("x", E4M3, ScalingRecipe(recipe="current"))
+spiky = np.array([1.0, np.inf], np.float32)
+cast = current.quantize(spiky)
+satfinite = decode(encode(np.clip(spiky * np.float32(cast.scale), -448, 448), E4M3), E4M3)  # TE's cast
+print(f"4. an inf under current scaling: tinyamp {decode(cast.bits, E4M3)[1]}, TE's satfinite {satfinite[1]}")
+assert np.isnan(decode(cast.bits, E4M3)[1]) and satfinite[1] == 448 and current.history[-1].nonfinite == 1
+
+delayed_run = TensorScaling("x", E4M3, ScalingRecipe(amax_history_len=4))
+amaxes = [1.0, np.inf, 2.0, 2.0, 2.0, 2.0]
+for a in amaxes:
+    delayed_run.quantize(np.array([a, 1.0], np.float32))
+te_history, te_scale, te_scales = np.zeros(4, np.float32), 1.0, []  # TE: the inf enters the history
+for a in amaxes:
+    te_scales.append(te_scale)
+    te_history = np.append(te_history[1:], np.float32(a))
+    te_scale = te_scale if np.isinf(te_history.max()) else float(448 / te_history.max())
+ours_used = [c.scale for c in delayed_run.history]
+print(f"5. delayed scaling, amaxes {amaxes}: scales tinyamp {ours_used}, TE {te_scales}")
+assert ours_used == [1.0, 448.0, 448.0, 224.0, 224.0, 224.0] and te_scales == [1.0, 448.0, 448.0, 448.0, 448.0, 448.0]
+
+# %% [markdown]
 # ## Summary
 #
 # - FP8 holds 18 (E4M3) or 32 (E5M2) powers of two; a real gradient spans more than 25. Without a
@@ -506,6 +583,9 @@ assert [len(line.get_ydata()) for line in ax.lines] == [len(KS) - len(exact_at),
 # - A scale per block of 32 values (MXFP8) keeps the small values of a wide tensor; for a tensor
 #   that fits the format it changes nothing, since power-of-two scales leave relative errors alone.
 # - A narrow accumulator loses percents over 4096 products; promoting to FP32 every 128 repairs it.
+# - At the edges a rule must be chosen: tinyamp divides by the scale its code means, reads exponents
+#   exactly, keeps subnormal NVFP4 block scales, and never turns an inf into a finite value or into
+#   a scale held for a whole window.
 #
 # Exercises 10.1 to 10.3 (`tinyamp exercises init`) ask you to round to E4M3 by hand, to write
 # the delayed-scaling update, and to compute an MX block's shared exponent.

@@ -9,8 +9,8 @@ The chapter, in reading order (``CHAPTER``; at most 400 lines, each mechanism on
 * ``products``: FP8 x FP8 products, exact, summed in FP32 and scaled back; a narrow
   accumulator and the promotion to FP32 that repairs long sums.
 
-Beside it, read next: ``blocks`` (block scaling: MXFP8, NVFP4 and DeepSeek-V3's tiles, a
-scale per block of 16 to 128 x 128 values), a module of its own with a budget of its own
+Beside it, read next: ``blocks`` (block scaling: MXFP8, MXFP4, NVFP4 and DeepSeek-V3's tiles,
+a scale per block of 16 to 128 x 128 values), a module of its own with a budget of its own
 (at most 150 lines), since the chapter had 17 of its 400 lines left.
 Around them, off the reading path: ``scales`` (a model's tensors by name, a format per pass),
 ``scaling_checks`` (the refusals of bad settings and damaged states), ``tables``, and

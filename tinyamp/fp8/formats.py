@@ -18,8 +18,9 @@ One formula for normals, subnormals and zero, as for FP16.
 
 **Saturation.**  The recipes cast with saturation (CUDA's ``__NV_SATFINITE``): clip |x| to the
 largest finite value first, then round, so 465 becomes 448 in E4M3 and infinity becomes the
-largest value; NaN stays NaN.  ml_dtypes' own casts do not saturate: 465 becomes NaN in
-``float8_e4m3fn`` and 61440 infinity in ``float8_e5m2`` (tests/test_fp8_formats.py shows both).
+largest value; NaN stays NaN.  ml_dtypes' FP8 casts do not saturate: 465 becomes NaN in
+``float8_e4m3fn`` and 61440 infinity in ``float8_e5m2``; its ``float4_e2m1fn``, with neither, does
+(7 and infinity become 6) and casts NaN to a zero, where ``encode`` refuses it (tests/test_fp8_formats.py).
 
 **One byte per value.**  NumPy has no 8-bit float, so an encoded tensor is a ``uint8`` array
 of bit patterns (E2M1 uses the low 4 bits of each byte): ``nbytes`` counts one byte a value,

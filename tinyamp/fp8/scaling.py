@@ -29,14 +29,16 @@ Which of Transformer Engine's behaviours this follows: the rule of its per-tenso
 (``common/recipe/delayed_scaling.cu``): ``FP8_MAX * 2^-margin`` rounded to float32, then one
 float32 division; an amax of 0, inf or NaN keeps the previous scale; an infinite scale becomes
 float32's max (a quotient that underflows to 0 keeps the previous scale: tinyamp's own guard, as a
-scale of 0 would zero every value); every step's amax enters the history, zero included, and pushes the oldest
-entry out (TE's bulk kernel, in the same file, instead neither rolls the history nor updates
-the scale for a step amax of 0).  A step whose amax is NaN or inf holds the scale and leaves
-the history as it was (TE writes it: its ``"max"``, an ``fmaxf``, skips a NaN, but an inf would
-hold every scale for the whole window): the step is reported, and a history holding a NaN or
-an inf is refused on loading.  A non-finite input value is cast to NaN, counted and reported
-with its tensor and step, never saturated to the largest value.  The cast multiplies in
-float32 and dequantizing multiplies by float32(1 / scale), TE's ``scale_inv``.
+scale of 0 would zero every value); every step's amax enters the history, zero included, and pushes
+the oldest entry out (TE's bulk kernel, in the same file, instead neither rolls the history nor
+updates the scale for a step amax of 0).  A step whose amax is NaN or inf holds the scale and leaves
+the history as it was; TE writes it, and its ``"max"``, an ``fmaxf``, skips a NaN but not an inf,
+which then holds every scale at its stale value for the whole window while values clip: a history
+here holds only amaxes that define a scale, and one holding a NaN or an inf is refused on loading.
+A non-finite input value is cast to NaN, counted and reported with its tensor and step; TE's
+satfinite cast makes an inf the largest value, a finite number wrong by an unbounded factor that
+carries an overflow unseen into the product; a NaN reaches the loss scaler's check, which skips the step.
+The cast multiplies in float32 and dequantizing multiplies by float32(1 / scale), TE's ``scale_inv``.
 """
 
 from __future__ import annotations

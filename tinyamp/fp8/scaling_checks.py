@@ -1,5 +1,6 @@
-"""The checks around per-tensor scaling (``scaling.py``): settings, inputs and saved states, each
-refused with one sentence that names the value and the fix; and the printed summary of a tensor."""
+"""The checks around scaling (``scaling.py`` per tensor, ``blocks.py`` per block): settings, inputs and
+saved states, each refused with one sentence that names the value and the fix; and the printed summary
+of a tensor."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 RECIPES = ("delayed", "current")
 AMAX_ALGORITHMS = ("max", "most_recent")
 PASSES = ("forward", "backward")
+BLOCK_ROUNDINGS = ("floor", "up")  # of a power-of-two block scale: OCP's floor, or up (nothing saturates)
 PASS_FORMATS = {  # TE's recipe.Format: HYBRID is E4M3 forward and E5M2 for gradients
     "HYBRID": {"forward": "E4M3", "backward": "E5M2"},
     "E4M3": {"forward": "E4M3", "backward": "E4M3"},
@@ -64,6 +66,37 @@ def checked_input(name: str, x: Any) -> np.ndarray:
         raise TypeError(f"tensor {name!r} is {x.dtype}; FP8 casts take float16 or float32 values "
                         "(x.astype(np.float32) first, if rounding a float64 twice is what you want)")  # fmt: skip
     return x
+
+
+def checked_block_scheme(scheme: Any, rounding: Any, schemes: dict[str, tuple]) -> tuple:
+    """`scheme`'s (element format, block, default rounding), refused unless `rounding` is one it defines."""
+    if scheme not in schemes:
+        raise ValueError(f"unknown block scheme {scheme!r}; use one of {', '.join(schemes)}")
+    default = schemes[scheme][2]
+    if rounding is not None and (default is None or rounding not in BLOCK_ROUNDINGS):
+        fix = "leave it unset: its scale is E4M3, not a power of two" if default is None else "use 'floor' or 'up'"
+        raise ValueError(f"{scheme} cannot round its scales {rounding!r}; {fix}")
+    return schemes[scheme]
+
+
+def checked_block_input(x: Any) -> np.ndarray:
+    """`x` as float16/float32 values, refused if any is NaN or infinite (it would leave its block no scale)."""
+    x = np.asarray(x)
+    if x.dtype not in (np.float16, np.float32):
+        raise TypeError(f"block quantization takes float16 or float32 values, not {x.dtype}: round to float32 first")
+    if not np.isfinite(x).all():
+        bad = int(np.count_nonzero(~np.isfinite(x)))
+        raise ValueError(f"x holds {bad} NaN or infinite value(s), which leave their blocks no scale: remove them")
+    return x
+
+
+def checked_block_shape(shape: tuple, block: tuple[int, int], scheme: str) -> tuple[int, int]:
+    """`block`, refused unless it tiles `shape`: the last axis (and, for r x c blocks, a 2-D tensor's rows)."""
+    (r, c), last = block, shape[-1] if shape else 1
+    if not shape or last % c or (r > 1 and (len(shape) != 2 or shape[0] % r)):
+        need = f"a 2-D tensor with both axes multiples of {r}" if r > 1 else f"a last axis a multiple of {c}"
+        raise ValueError(f"{scheme} blocks are {r}x{c} and x has shape {shape}; it needs {need}: pad with zeros")
+    return block
 
 
 def check_product(a_shape: tuple, b_shape: tuple, bits: Any, promote_every: Any, rounding: Any) -> None:
