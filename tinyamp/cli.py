@@ -608,15 +608,21 @@ class _GuardedStdout:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (experiments/exit_status.py)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     if sys.stdout is None:  # started with stdout closed: keep fd 1 from being reused by a file the run opens
         with contextlib.suppress(OSError):
             if os.open(os.devnull, os.O_WRONLY) != 1:
                 raise OSError
     guard, previous = _GuardedStdout(sys.stdout), sys.stdout
     sys.stdout = guard  # type: ignore[assignment]
+    args = None  # --help and --version print, then end the parse: their text is output like any other
     try:
-        status = _run(args)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version (0), or a usage error (2, said on stderr)
+            status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        else:
+            status = _run(args)
         guard.flush()
     finally:
         sys.stdout = previous
@@ -625,11 +631,12 @@ def main(argv: list[str] | None = None) -> int:
     if previous is not None:
         with contextlib.suppress(OSError, ValueError):  # the exit's own flush of what is left must stay quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), previous.fileno())
-    if guard.reader_gone and (args.command == "info" or getattr(args, "exercises_command", "") in ("list", "init")):
+    listing = args is None or args.command == "info" or getattr(args, "exercises_command", "") in ("list", "init")
+    if guard.reader_gone and listing:
         return status  # a listing read in part (`tinyamp info | head`) has done its job; a run's or a grading's has not
     where = f"; the run's files are in {', '.join(map(str, _WRITTEN))}" if _WRITTEN else ""
-    print(f"tinyamp: could not write to standard output ({guard.error}): the printed results are lost{where}",
-          file=sys.stderr)  # fmt: skip
+    lost = "the printed results are lost" if args is not None else "the help or version it printed is lost"
+    print(f"tinyamp: could not write to standard output ({guard.error}): {lost}{where}", file=sys.stderr)
     return status or exit_status.STDOUT_FAILED
 
 
