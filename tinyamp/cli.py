@@ -46,7 +46,7 @@ from tinyamp.extras import install_hint
 DEVICES = ("cpu", "cuda")
 DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
 DEFAULT_TRAIN_STEPS = 1500
-DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
+DEFAULT_CHECKPOINT_EVERY = run_settings.DEFAULT_CHECKPOINT_EVERY  # steps; on N ranks too
 # The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
 DEMO_MLP_STEPS = 1500
 DEMO_MEASURE_EVERY = 25  # MLP steps between measurements (lost updates, underflow): 61 of the 1500 steps
@@ -327,9 +327,38 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
     except resume.ResumeError as exc:
         raise UsageError(str(exc)) from exc
     args.fp8_state = extra.get("fp8")
+    _refuse_a_data_parallel_checkpoint(args, extra.get("distributed"))
     for key in resume.KEPT:
         setattr(args, key, saved[key])
     return saved
+
+
+def _refuse_a_data_parallel_checkpoint(args: argparse.Namespace, saved: Any) -> None:
+    """A checkpoint of N ranks (or of micro-batches) resumed here would go on with other sums: refuse it.
+
+    The file holds the whole run's state, but its run summed each batch's gradient as N slices
+    in rank order (distributed/allreduce.py); this process sums the whole batch at once, so
+    from the first step after the resume the bits part, and a run that says it "ends bit for
+    bit as if never stopped" would not.  One process with the same slices continues it exactly.
+    """
+    if not isinstance(saved, dict):
+        return
+    ranks, micro = saved.get("ranks"), saved.get("micro_batches", 1)
+    if not (isinstance(ranks, int) and isinstance(micro, int)) or ranks * micro <= 1:
+        return
+    flags = " --zero" * (saved.get("zero") is True)
+    reduce = saved.get("reduce_dtype")
+    flags += f" --reduce-dtype {reduce}" if reduce in ("float16", "float16-predivide") else ""
+    flags += " --no-agree" * (saved.get("agree") is False)
+    out = args.out or "DIR"
+    what = f"{ranks} rank{'s' * (ranks > 1)}" + (f" x {micro} micro-batches" if micro > 1 else "")
+    micro_flag = f" --micro-batches {micro}" if micro > 1 else ""
+    raise UsageError(
+        f"--resume {args.resume} was saved by a data-parallel run on {what}{' with ZeRO' * (saved.get('zero') is True)}"
+        ": one process sums each batch's gradient in another order and would not continue it bit for bit; resume it "
+        f"with  mpiexec -n {ranks} python -m tinyamp.distributed --resume {args.resume} --out {out}{flags}{micro_flag}"
+        f"  (or in one process, without mpiexec and with --micro-batches {ranks * micro})"
+    )
 
 
 def _plan_resume(args: argparse.Namespace, saved: dict[str, Any], task: Any) -> str | None:
