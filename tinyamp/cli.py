@@ -522,7 +522,7 @@ def _load_fp8_state(setup: Any, args: argparse.Namespace) -> None:
     from tinyamp.fp8.training_state import load_extra
 
     try:
-        load_extra(setup.fp8, state, args.resume)
+        load_extra(setup.fp8, state, args.resume, setup.model)
     except ValueError as exc:
         raise UsageError(f"--resume {exc}") from exc
 
@@ -644,11 +644,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise OSError
     guard, previous = _GuardedStdout(sys.stdout), sys.stdout
     sys.stdout = guard  # type: ignore[assignment]
-    args = None  # --help and --version print, then end the parse: their text is output like any other
+    args, parsed = None, None  # --help and --version print, then end the parse: their text is output like any other
     try:
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help, --version (0), or a usage error (2, said on stderr)
+            parsed = exc
             status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         else:
             status = _run(args)
@@ -656,6 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stdout = previous
     if guard.error is None:
+        if parsed is not None:
+            raise parsed  # as argparse ends: SystemExit, for a caller of main() to see
         return status
     if previous is not None:
         with contextlib.suppress(OSError, ValueError):  # the exit's own flush of what is left must stay quiet
