@@ -13,10 +13,11 @@ Exit status: 0 done; 2 bad input, with a message that says what to type instead;
 run diverged (the message says when and why; `train --out` keeps its results, marked
 diverged, and the checkpoint of its last good step); 74 standard output could not be
 written (closed or full: the run's files were written, and stderr says where; `info` and
-`exercises` say so too, and `exercises check` keeps 1 when an exercise failed); 130/143
-stopped by Ctrl-C/SIGTERM, after `train --out` saved a checkpoint at the end of the
-current step.  An output folder is replaced as a unit (experiments/output_folder.py): a
-failed run leaves it as it was, and a second run on it is refused while the first runs.
+`exercises` say so too, and `exercises check` keeps 1 when an exercise failed); 130/143/129
+stopped by Ctrl-C/SIGTERM/SIGHUP (a closed terminal; under nohup SIGHUP stays ignored), after
+`train --out` saved a checkpoint at the end of the current step.  An output folder is
+replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was, and a
+second run on it is refused while the first runs.
 """
 
 from __future__ import annotations
@@ -580,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "replacing what an earlier run wrote there")  # fmt: skip
     t.add_argument("--checkpoint-every", type=int, metavar="N",
                    help=f"with --out, save checkpoint.npz every N steps (default {DEFAULT_CHECKPOINT_EVERY}, 0: only "
-                   "at the end); Ctrl-C and SIGTERM save one too, at the end of the current step")  # fmt: skip
+                   "at the end); Ctrl-C, SIGTERM and SIGHUP save one too, at the end of the current step")  # fmt: skip
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue a run from its checkpoint.npz: it ends bit for "
                    "bit as if never stopped")  # fmt: skip
     t.add_argument("--extend", action="store_true", help="with --resume and --steps: continue a run to a new "
