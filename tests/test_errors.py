@@ -339,6 +339,20 @@ def test_item_of_a_tensor_with_many_elements_names_the_shape() -> None:
         ta.zeros(3).item()
 
 
+# ---- recomputation given something that is not a function ---------------------------------------
+def test_checkpoint_given_a_segment_that_is_not_a_function_names_it_and_the_order() -> None:
+    """ta.checkpoint(5, x) raised Python's own "'int' object is not callable" from deep inside the call."""
+    x = ta.tensor([1.0, 2.0], requires_grad=True)
+    says = esc("checkpoint: the segment 5 (int) is not a function", "checkpoint(block, x)")
+    with pytest.raises(TypeError, match=says):
+        ta.checkpoint(5, x)
+    with pytest.raises(TypeError, match=esc("checkpoint: the segment", "(Tensor) is not a function")):
+        ta.checkpoint(x, x)  # the arguments swapped
+    with pytest.raises(TypeError, match=esc("checkpoint_sequential: block 1 is 5 (int), not a function")):
+        ta.checkpoint_sequential([ta.nn.ReLU(), 5], 1, x)
+    assert ta.checkpoint(lambda t: t * 2.0, x).numpy().tolist() == [2.0, 4.0]
+
+
 # ---- tensors made from nothing, and the seed ------------------------------------------------------
 @pytest.mark.parametrize(
     ("make", "error", "match"),
@@ -351,6 +365,8 @@ def test_item_of_a_tensor_with_many_elements_names_the_shape() -> None:
         (lambda: ta.zeros(True), TypeError, esc("zeros", "tuple of ints", "True")),
         (lambda: ta.arange(0, 5, 0), ValueError, esc("arange", "step of 0")),
         (lambda: ta.arange(0.5), TypeError, esc("arange", "ints", "0.5")),
+        (lambda: ta.arange(0, 2**70), ValueError, esc(f"arange(0, {2**70}): {2**70} is beyond int64", "2^63-1")),
+        (lambda: ta.arange(0, 10, -(2**64)), ValueError, esc(f"{-(2**64)} is beyond int64")),
         (lambda: ta.manual_seed(-1), ValueError, esc("manual_seed", "0 to 2^64 - 1", "-1")),
         (lambda: ta.manual_seed(1.5), ValueError, esc("manual_seed", "1.5")),
         (lambda: ta.manual_seed(2**64), ValueError, esc("manual_seed", str(2**64))),
@@ -362,6 +378,7 @@ def test_shapes_and_seeds_that_mean_nothing_are_refused_with_the_fix(make, error
 
 
 def test_shapes_and_seeds_that_mean_something_are_taken() -> None:
+    assert ta.arange(2**63 - 3, 2**63 - 1).numpy().tolist() == [2**63 - 3, 2**63 - 2]  # int64's own end still works
     assert ta.zeros(np.int64(3)).shape == (3,) and ta.ones([2, 0]).shape == (2, 0)
     assert ta.arange(np.int64(4)).numpy().tolist() == [0, 1, 2, 3] and ta.arange(5, 0, -2).numpy().tolist() == [5, 3, 1]
     ta.manual_seed(np.uint64(2**64 - 1))
