@@ -496,3 +496,31 @@ def test_requires_grad_must_be_a_bool_not_something_truthy(flag: object) -> None
         with pytest.raises(TypeError, match=esc("requires_grad must be True or False", repr(flag))):
             make()
     assert ta.tensor([1.0], requires_grad=np.bool_(True)).requires_grad
+
+
+# ---- a loss scale far above float32's range: taken, and a checkpoint of it is read back ---------------
+def test_a_loss_scale_of_1e300_is_taken_and_its_checkpoint_loads_after_real_steps(tmp_path) -> None:  # noqa: ANN001
+    """The constructor and the checkpoint agree: a float64 scale of 1e300 is a valid (if useless) start."""
+    from tinyamp import nn, optim
+    from tinyamp.amp import LossScaler, MasterWeights, load_checkpoint, save_checkpoint
+
+    ta.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8, dtype="float16"), nn.ReLU(), nn.Linear(8, 3, dtype="float16"))
+    optimizer = MasterWeights(optim.SGD(model.named_parameters(), lr=0.1))
+    scaler = LossScaler(init_scale=1e300)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for step in range(3):  # every scaled loss overflows: each step is skipped and the scale backs off
+            rng = np.random.default_rng(step)
+            x = ta.tensor(rng.standard_normal((8, 4)).astype("float16"))
+            loss = ta.cross_entropy(model(x), ta.tensor(rng.integers(0, 3, 8)))
+            scaler.scale_loss(loss).backward()
+            scaler.step(optimizer)
+            optimizer.zero_grad()
+    assert scaler.scale == 1e300 / 8 and [e.found_inf for e in scaler.history] == [True] * 3
+    save_checkpoint(tmp_path / "run.npz", model, optimizer, scaler)
+    again = LossScaler(init_scale=1e300)
+    load_checkpoint(tmp_path / "run.npz", model, optimizer, again)
+    assert again.state_dict() == scaler.state_dict()
+    with pytest.raises(ValueError, match=esc("init_scale=1e+300 rounds to inf in float32")):
+        LossScaler(init_scale=1e300, scale_dtype="float32")  # where the scale is float32, refused at once
