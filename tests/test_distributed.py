@@ -437,6 +437,38 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit_on_two_ranks_and_in_one_proces
     assert again["loss"] == straight["loss"]  # the resumed run reports the whole run: its history travels
 
 
+def test_a_killed_rank_leaves_the_default_periodic_checkpoint_which_one_process_refuses_and_two_ranks_resume(
+    tmp_path: Path,
+) -> None:
+    """--out without --checkpoint-every saved only at the end: a rank killed at step 510 of 600 lost the whole run.
+    Now rank 0 saves every 500 steps, as one process does.  `tinyamp train --resume` of that 2-rank ZeRO file
+    ended with status 0 on other bits (its gradients are not sums of two halves): it is refused, naming the world
+    size and the command, and that command resumes it."""
+    from tinyamp.experiments.run_settings import DEFAULT_CHECKPOINT_EVERY
+
+    out = tmp_path / "run"
+    killed = launch(2, *SMALL, "--zero", "--steps", str(DEFAULT_CHECKPOINT_EVERY + 100), "--out", str(out),
+                    "--fault", f"kill@{DEFAULT_CHECKPOINT_EVERY + 10}:1")  # fmt: skip
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    manifest = json.loads((out / "tinyamp-run.json").read_text())
+    assert (manifest["step"], manifest["finished"]) == (DEFAULT_CHECKPOINT_EVERY, False)
+    checkpoint = out / "checkpoint.npz"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    alone = subprocess.run([sys.executable, "-m", "tinyamp", "train", "--resume", str(checkpoint), "--quiet"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert (alone.returncode, alone.stdout) == (2, ""), alone.stdout[-2000:] + alone.stderr[-2000:]
+    command = f"mpiexec -n 2 python -m tinyamp.distributed --resume {checkpoint} --out DIR --zero"
+    assert alone.stderr == (
+        f"tinyamp: error: --resume {checkpoint} was saved by a data-parallel run on 2 ranks with ZeRO: one process "
+        f"sums each batch's gradient in another order and would not continue it bit for bit; resume it with  "
+        f"{command}  (or in one process, without mpiexec and with --micro-batches 2)\n"
+    )
+    again = launch(2, "--resume", str(checkpoint), "--out", str(tmp_path / "again"), "--zero", "--quiet")
+    assert again.returncode == 0, again.stderr[-2000:]
+    done = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert done["config"]["resumed_from"] == DEFAULT_CHECKPOINT_EVERY
+
+
 @pytest.mark.parametrize("precision", ["mixed", "fp16"])
 def test_lost_updates_are_counted_over_the_whole_model_whatever_the_sharding(tmp_path: Path, precision: str) -> None:
     """The measured (changed, lost) counts of 2 ranks (ZeRO, replicated) and of 1 process x 2 micro-batches agree."""

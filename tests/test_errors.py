@@ -339,6 +339,20 @@ def test_item_of_a_tensor_with_many_elements_names_the_shape() -> None:
         ta.zeros(3).item()
 
 
+# ---- recomputation given something that is not a function ---------------------------------------
+def test_checkpoint_given_a_segment_that_is_not_a_function_names_it_and_the_order() -> None:
+    """ta.checkpoint(5, x) raised Python's own "'int' object is not callable" from deep inside the call."""
+    x = ta.tensor([1.0, 2.0], requires_grad=True)
+    says = esc("checkpoint: the segment 5 (int) is not a function", "checkpoint(block, x)")
+    with pytest.raises(TypeError, match=says):
+        ta.checkpoint(5, x)
+    with pytest.raises(TypeError, match=esc("checkpoint: the segment", "(Tensor) is not a function")):
+        ta.checkpoint(x, x)  # the arguments swapped
+    with pytest.raises(TypeError, match=esc("checkpoint_sequential: block 1 is 5 (int), not a function")):
+        ta.checkpoint_sequential([ta.nn.ReLU(), 5], 1, x)
+    assert ta.checkpoint(lambda t: t * 2.0, x).numpy().tolist() == [2.0, 4.0]
+
+
 # ---- tensors made from nothing, and the seed ------------------------------------------------------
 @pytest.mark.parametrize(
     ("make", "error", "match"),
@@ -351,6 +365,8 @@ def test_item_of_a_tensor_with_many_elements_names_the_shape() -> None:
         (lambda: ta.zeros(True), TypeError, esc("zeros", "tuple of ints", "True")),
         (lambda: ta.arange(0, 5, 0), ValueError, esc("arange", "step of 0")),
         (lambda: ta.arange(0.5), TypeError, esc("arange", "ints", "0.5")),
+        (lambda: ta.arange(0, 2**70), ValueError, esc(f"arange(0, {2**70}): {2**70} is beyond int64", "2^63-1")),
+        (lambda: ta.arange(0, 10, -(2**64)), ValueError, esc(f"{-(2**64)} is beyond int64")),
         (lambda: ta.manual_seed(-1), ValueError, esc("manual_seed", "0 to 2^64 - 1", "-1")),
         (lambda: ta.manual_seed(1.5), ValueError, esc("manual_seed", "1.5")),
         (lambda: ta.manual_seed(2**64), ValueError, esc("manual_seed", str(2**64))),
@@ -362,6 +378,7 @@ def test_shapes_and_seeds_that_mean_nothing_are_refused_with_the_fix(make, error
 
 
 def test_shapes_and_seeds_that_mean_something_are_taken() -> None:
+    assert ta.arange(2**63 - 3, 2**63 - 1).numpy().tolist() == [2**63 - 3, 2**63 - 2]  # int64's own end still works
     assert ta.zeros(np.int64(3)).shape == (3,) and ta.ones([2, 0]).shape == (2, 0)
     assert ta.arange(np.int64(4)).numpy().tolist() == [0, 1, 2, 3] and ta.arange(5, 0, -2).numpy().tolist() == [5, 3, 1]
     ta.manual_seed(np.uint64(2**64 - 1))
@@ -479,3 +496,31 @@ def test_requires_grad_must_be_a_bool_not_something_truthy(flag: object) -> None
         with pytest.raises(TypeError, match=esc("requires_grad must be True or False", repr(flag))):
             make()
     assert ta.tensor([1.0], requires_grad=np.bool_(True)).requires_grad
+
+
+# ---- a loss scale far above float32's range: taken, and a checkpoint of it is read back ---------------
+def test_a_loss_scale_of_1e300_is_taken_and_its_checkpoint_loads_after_real_steps(tmp_path) -> None:  # noqa: ANN001
+    """The constructor and the checkpoint agree: a float64 scale of 1e300 is a valid (if useless) start."""
+    from tinyamp import nn, optim
+    from tinyamp.amp import LossScaler, MasterWeights, load_checkpoint, save_checkpoint
+
+    ta.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8, dtype="float16"), nn.ReLU(), nn.Linear(8, 3, dtype="float16"))
+    optimizer = MasterWeights(optim.SGD(model.named_parameters(), lr=0.1))
+    scaler = LossScaler(init_scale=1e300)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for step in range(3):  # every scaled loss overflows: each step is skipped and the scale backs off
+            rng = np.random.default_rng(step)
+            x = ta.tensor(rng.standard_normal((8, 4)).astype("float16"))
+            loss = ta.cross_entropy(model(x), ta.tensor(rng.integers(0, 3, 8)))
+            scaler.scale_loss(loss).backward()
+            scaler.step(optimizer)
+            optimizer.zero_grad()
+    assert scaler.scale == 1e300 / 8 and [e.found_inf for e in scaler.history] == [True] * 3
+    save_checkpoint(tmp_path / "run.npz", model, optimizer, scaler)
+    again = LossScaler(init_scale=1e300)
+    load_checkpoint(tmp_path / "run.npz", model, optimizer, again)
+    assert again.state_dict() == scaler.state_dict()
+    with pytest.raises(ValueError, match=esc("init_scale=1e+300 rounds to inf in float32")):
+        LossScaler(init_scale=1e300, scale_dtype="float32")  # where the scale is float32, refused at once

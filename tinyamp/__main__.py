@@ -3,8 +3,9 @@
 import signal
 
 from tinyamp.cli import main
+from tinyamp.experiments.interrupts import SIGNALS
 
 status = main()
-for _signum in (signal.SIGINT, signal.SIGTERM):  # the run has ended and said so: a late Ctrl-C changes nothing
+for _signum in SIGNALS:  # the run has ended and said so: a late Ctrl-C or hang-up changes nothing
     signal.signal(_signum, signal.SIG_IGN)
 raise SystemExit(status)

@@ -4,8 +4,8 @@ Importing NumPy and the rest of tinyamp takes a tenth of a second or more, befor
 command's own code (and its signal handlers, ``experiments/interrupts.py``) can run.  A
 Ctrl-C in that time would print a KeyboardInterrupt traceback through the import machinery.
 So, only when this process is the command (the ``tinyamp`` script, or ``python -m`` while it
-imports the module it runs), SIGINT and SIGTERM here end the process at once with the
-shell's status (130, 143) and one line; nothing has been written yet.  A program that
+imports the module it runs), SIGINT, SIGTERM and SIGHUP (unless nohup ignores it) here end the
+process at once with the shell's status (130, 143, 129) and one line; nothing has been written yet.  A program that
 imports tinyamp keeps its own handlers.  (The interpreter's own start-up, before this line
 runs, is beyond any package's reach.)
 """
@@ -35,5 +35,8 @@ def _stopped_while_starting(signum: int, frame: object) -> None:
 
 
 if running_as_command():
-    for _signum in (signal.SIGINT, signal.SIGTERM):
+    _hangup = getattr(signal, "SIGHUP", None)
+    for _signum in (signal.SIGINT, signal.SIGTERM, _hangup):
+        if _signum is None or (_signum == _hangup and signal.getsignal(_signum) == signal.SIG_IGN):
+            continue  # no SIGHUP on Windows; under nohup the command was asked to outlive its terminal
         signal.signal(_signum, _stopped_while_starting)

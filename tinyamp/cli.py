@@ -13,10 +13,11 @@ Exit status: 0 done; 2 bad input, with a message that says what to type instead;
 run diverged (the message says when and why; `train --out` keeps its results, marked
 diverged, and the checkpoint of its last good step); 74 standard output could not be
 written (closed or full: the run's files were written, and stderr says where; `info` and
-`exercises` say so too, and `exercises check` keeps 1 when an exercise failed); 130/143
-stopped by Ctrl-C/SIGTERM, after `train --out` saved a checkpoint at the end of the
-current step.  An output folder is replaced as a unit (experiments/output_folder.py): a
-failed run leaves it as it was, and a second run on it is refused while the first runs.
+`exercises` say so too, and `exercises check` keeps 1 when an exercise failed); 130/143/129
+stopped by Ctrl-C/SIGTERM/SIGHUP (a closed terminal; under nohup SIGHUP stays ignored), after
+`train --out` saved a checkpoint at the end of the current step.  An output folder is
+replaced as a unit (experiments/output_folder.py): a failed run leaves it as it was, and a
+second run on it is refused while the first runs.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from tinyamp.extras import install_hint
 DEVICES = ("cpu", "cuda")
 DEFAULT_TIMEOUT_S = 300.0  # = tinyamp.distributed.communicator.DEFAULT_TIMEOUT_S (tests/test_runs_that_end_well.py)
 DEFAULT_TRAIN_STEPS = 1500
-DEFAULT_CHECKPOINT_EVERY = 500  # steps: a run killed by SIGKILL or a power cut loses at most this many
+DEFAULT_CHECKPOINT_EVERY = run_settings.DEFAULT_CHECKPOINT_EVERY  # steps; on N ranks too
 # The demo's sizes: under a minute on two CPU cores, with or without numba (README, "The demo").
 DEMO_MLP_STEPS = 1500
 DEMO_MEASURE_EVERY = 25  # MLP steps between measurements (lost updates, underflow): 61 of the 1500 steps
@@ -327,9 +328,38 @@ def _read_resume(args: argparse.Namespace) -> dict[str, Any]:
     except resume.ResumeError as exc:
         raise UsageError(str(exc)) from exc
     args.fp8_state = extra.get("fp8")
+    _refuse_a_data_parallel_checkpoint(args, extra.get("distributed"))
     for key in resume.KEPT:
         setattr(args, key, saved[key])
     return saved
+
+
+def _refuse_a_data_parallel_checkpoint(args: argparse.Namespace, saved: Any) -> None:
+    """A checkpoint of N ranks (or of micro-batches) resumed here would go on with other sums: refuse it.
+
+    The file holds the whole run's state, but its run summed each batch's gradient as N slices
+    in rank order (distributed/allreduce.py); this process sums the whole batch at once, so
+    from the first step after the resume the bits part, and a run that says it "ends bit for
+    bit as if never stopped" would not.  One process with the same slices continues it exactly.
+    """
+    if not isinstance(saved, dict):
+        return
+    ranks, micro = saved.get("ranks"), saved.get("micro_batches", 1)
+    if not (isinstance(ranks, int) and isinstance(micro, int)) or ranks * micro <= 1:
+        return
+    flags = " --zero" * (saved.get("zero") is True)
+    reduce = saved.get("reduce_dtype")
+    flags += f" --reduce-dtype {reduce}" if reduce in ("float16", "float16-predivide") else ""
+    flags += " --no-agree" * (saved.get("agree") is False)
+    out = args.out or "DIR"
+    what = f"{ranks} rank{'s' * (ranks > 1)}" + (f" x {micro} micro-batches" if micro > 1 else "")
+    micro_flag = f" --micro-batches {micro}" if micro > 1 else ""
+    raise UsageError(
+        f"--resume {args.resume} was saved by a data-parallel run on {what}{' with ZeRO' * (saved.get('zero') is True)}"
+        ": one process sums each batch's gradient in another order and would not continue it bit for bit; resume it "
+        f"with  mpiexec -n {ranks} python -m tinyamp.distributed --resume {args.resume} --out {out}{flags}{micro_flag}"
+        f"  (or in one process, without mpiexec and with --micro-batches {ranks * micro})"
+    )
 
 
 def _plan_resume(args: argparse.Namespace, saved: dict[str, Any], task: Any) -> str | None:
@@ -493,7 +523,7 @@ def _load_fp8_state(setup: Any, args: argparse.Namespace) -> None:
     from tinyamp.fp8.training_state import load_extra
 
     try:
-        load_extra(setup.fp8, state, args.resume)
+        load_extra(setup.fp8, state, args.resume, setup.model)
     except ValueError as exc:
         raise UsageError(f"--resume {exc}") from exc
 
@@ -551,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "replacing what an earlier run wrote there")  # fmt: skip
     t.add_argument("--checkpoint-every", type=int, metavar="N",
                    help=f"with --out, save checkpoint.npz every N steps (default {DEFAULT_CHECKPOINT_EVERY}, 0: only "
-                   "at the end); Ctrl-C and SIGTERM save one too, at the end of the current step")  # fmt: skip
+                   "at the end); Ctrl-C, SIGTERM and SIGHUP save one too, at the end of the current step")  # fmt: skip
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue a run from its checkpoint.npz: it ends bit for "
                    "bit as if never stopped")  # fmt: skip
     t.add_argument("--extend", action="store_true", help="with --resume and --steps: continue a run to a new "
@@ -608,28 +638,38 @@ class _GuardedStdout:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (experiments/exit_status.py)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     if sys.stdout is None:  # started with stdout closed: keep fd 1 from being reused by a file the run opens
         with contextlib.suppress(OSError):
             if os.open(os.devnull, os.O_WRONLY) != 1:
                 raise OSError
     guard, previous = _GuardedStdout(sys.stdout), sys.stdout
     sys.stdout = guard  # type: ignore[assignment]
+    args, parsed = None, None  # --help and --version print, then end the parse: their text is output like any other
     try:
-        status = _run(args)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version (0), or a usage error (2, said on stderr)
+            parsed = exc
+            status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        else:
+            status = _run(args)
         guard.flush()
     finally:
         sys.stdout = previous
     if guard.error is None:
+        if parsed is not None:
+            raise parsed  # as argparse ends: SystemExit, for a caller of main() to see
         return status
     if previous is not None:
         with contextlib.suppress(OSError, ValueError):  # the exit's own flush of what is left must stay quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), previous.fileno())
-    if guard.reader_gone and (args.command == "info" or getattr(args, "exercises_command", "") in ("list", "init")):
+    listing = args is None or args.command == "info" or getattr(args, "exercises_command", "") in ("list", "init")
+    if guard.reader_gone and listing:
         return status  # a listing read in part (`tinyamp info | head`) has done its job; a run's or a grading's has not
     where = f"; the run's files are in {', '.join(map(str, _WRITTEN))}" if _WRITTEN else ""
-    print(f"tinyamp: could not write to standard output ({guard.error}): the printed results are lost{where}",
-          file=sys.stderr)  # fmt: skip
+    lost = "the printed results are lost" if args is not None else "the help or version it printed is lost"
+    print(f"tinyamp: could not write to standard output ({guard.error}): {lost}{where}", file=sys.stderr)
     return status or exit_status.STDOUT_FAILED
 
 

@@ -89,6 +89,10 @@ def arange(*args: int, dtype: Any = "int64", device: str = "cpu") -> Tensor:
         raise TypeError(f"arange takes 1 to 3 ints (stop, or start, stop[, step]), like range(); got {args!r}")
     if len(args) == 3 and args[2] == 0:
         raise ValueError("arange: a step of 0 would never reach stop; pass a step other than 0")
+    wide = next((int(a) for a in args if not -(2**63) <= a < 2**63), None)
+    if wide is not None:  # NumPy counts in int64: past it, an OverflowError from inside NumPy
+        raise ValueError(f"arange{args}: {wide} is beyond int64, the widest integer an array holds (-2^63 to "
+                         f"2^63-1); pass a start, stop and step within that range")  # fmt: skip
     dt = dtypes.resolve(dtype)
     dtypes.check_supported(dt, backend.check_device(device))
     values = range(*(int(a) for a in args))

@@ -88,6 +88,9 @@ def checkpoint(segment: Callable[..., Tensor], *args: Tensor) -> Tensor:
     state and the autocast policy (all three are replayed).  Returns the same values
     as ``segment(*args)``; gradients are bit-identical to the unchecked ones.
     """
+    if not callable(segment):
+        raise TypeError(f"checkpoint: the segment {segment!r} ({type(segment).__name__}) is not a function; pass "
+                        "the function to recompute first, then its Tensors: checkpoint(block, x)")  # fmt: skip
     for i, a in enumerate(args):
         if not isinstance(a, Tensor):
             raise TypeError(f"checkpoint: argument {i} is a {type(a).__name__}; pass Tensors (close over the rest)")
@@ -118,6 +121,10 @@ def checkpoint_sequential(blocks: Sequence[Callable[[Tensor], Tensor]], every: i
     With n blocks, ``every = round(sqrt(n))`` keeps about sqrt(n) segment inputs.
     """
     blocks = list(blocks)
+    wrong = next((i for i, b in enumerate(blocks) if not callable(b)), None)
+    if wrong is not None:
+        raise TypeError(f"checkpoint_sequential: block {wrong} is {blocks[wrong]!r} ({type(blocks[wrong]).__name__}), "
+                        "not a function; pass a list of Modules or functions of one Tensor")  # fmt: skip
     if every < 1:
         raise ValueError(f"checkpoint_sequential: every must be at least 1; got {every}")
 

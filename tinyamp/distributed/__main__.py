@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: MPI; cuda: NCCL, one GPU per rank")
     p.add_argument("--out", metavar="DIR")
-    p.add_argument("--checkpoint-every", type=int, metavar="N")
+    p.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="with --out: save checkpoint.npz every N steps (default 500; 0: only at the end)")  # fmt: skip
     p.add_argument("--resume", metavar="CHECKPOINT")
     p.add_argument("--extend", action="store_true", help="with --resume and --steps: continue a run to a new total")
     p.add_argument("--quiet", action="store_true")

@@ -6,8 +6,10 @@ whole state: every rank's masters and optimizer moments, all-gathered first unde
 the file does not depend on N:
 
 * a run saved on N ranks resumes on any N whose slices divide the batch (every rank reads the
-  file and keeps its own range), and in a single process (``tinyamp train --resume``), and a
-  single-process checkpoint resumes on N ranks;
+  file and keeps its own range), and in a single process as ``python -m tinyamp.distributed``
+  with N micro-batches; ``tinyamp train --resume`` refuses it, naming that command (it sums
+  whole batches, so the bits would part from the first step); a single-process checkpoint
+  resumes on N ranks;
 * resumed on the same N, the run continues bit for bit as if never stopped (the masters and
   moments are stored exactly, the scale, the random generators and the step too).  On another
   N the continuation is the one an N-rank run takes from that state: the gradients are then

@@ -11,6 +11,7 @@ hang       sleep instead of computing: the others wait in their next collective 
 sigint     send itself SIGINT (Ctrl-C), as if only this rank had seen it: every rank stops
            after this step, the step they agree on, and a run with ``--out`` saves a checkpoint
 sigterm    the same with SIGTERM (what a batch scheduler sends before it kills a job)
+sighup     the same with SIGHUP (the terminal or ssh session of that rank went away)
 =========  ===================================================================================
 
 ``--overflow-at STEP:RANK`` is not a fault but an overflow that only rank RANK sees at step STEP
@@ -25,7 +26,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-FAULTS = ("raise", "exit", "kill", "hang", "sigint", "sigterm")
+FAULTS = ("raise", "exit", "kill", "hang", "sigint", "sigterm", "sighup")
 
 
 def parse_at(text: str, what: str = "--overflow-at") -> tuple[int, int]:
@@ -65,7 +66,7 @@ class Fault:
             os._exit(7)
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.kind in ("sigint", "sigterm"):
-            os.kill(os.getpid(), signal.SIGINT if self.kind == "sigint" else signal.SIGTERM)
+        if self.kind in ("sigint", "sigterm", "sighup"):
+            os.kill(os.getpid(), getattr(signal, self.kind.upper()))
             return  # the handler only notes it: the step goes on, and the ranks stop after it
         time.sleep(10**6)  # "hang"

@@ -505,7 +505,7 @@ def _train(args: Any, s: dict[str, Any], comm: Communicator, stop: Stop) -> int:
             history = run_history.from_extra(extra["history"], start, s["resume"])
 
     run = DistributedRun(task, setup, stop, train, start=start, history=history, out=out,
-                         every=s["checkpoint_every"] or 0, writes=s["out"] is not None,  # the same on every rank
+                         every=_checkpoint_every(s), writes=s["out"] is not None,  # the same on every rank
                          capture=lambda: _local_state(dp),
                          put_back=lambda state: _put_local_state(dp, state))  # fmt: skip
     run.distributed, run.flags, run.dump = distributed, _flags(s), bool(getattr(args, "dump", None))
@@ -569,6 +569,14 @@ class DistributedRun(TrainingRun):
         if self.dump:
             self.setup.record_fingerprint()
         super().after_step(done)
+
+
+def _checkpoint_every(s: dict[str, Any]) -> int:
+    """Steps between the checkpoints rank 0 saves with --out: --checkpoint-every, else the single-process default.
+
+    With 0 here a run saved only at its end, so a rank killed at step 1400 of 1500 lost the whole run.
+    """
+    return run_settings.DEFAULT_CHECKPOINT_EVERY if s["checkpoint_every"] is None else s["checkpoint_every"]
 
 
 def _local_state(dp: DataParallel) -> tuple[Any, Any, dict[str, Any]]:

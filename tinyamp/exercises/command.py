@@ -11,9 +11,11 @@
 
 Exit status: 0 when every exercise asked for passes; 1 when one is failed or not started;
 2 for bad input (a folder that is not a workspace, an unknown exercise, a limit that is not a
-number > 0); 74 in place of 0 when standard output is closed or full, so that a verdict nobody
-could read never looks like a pass (``tinyamp.cli.main``; a pipe whose reader stopped early, as
-in ``exercises list | head``, is no error for ``list`` and ``init``).  Building the parser imports
+number in its range, a --results path that is not a new path or a regular file, or --results
+without --format gradescope); 74 in place of 0 when standard output is closed or full, so that a
+verdict nobody could read never looks like a pass (``tinyamp.cli.main``; a pipe whose reader
+stopped early, as in ``exercises list | head``, is no error for ``list`` and ``init``; ``--help``
+into a full disk is 74 too).  Building the parser imports
 neither hypothesis nor the graders: they load when ``check`` runs.  Nothing here writes into the
 workspace graded: each exercise runs on a copy.
 """
@@ -31,6 +33,13 @@ from typing import Any
 from tinyamp.exercises.catalog import DEEP, EXERCISES, PACKAGE, Exercise, find
 from tinyamp.exercises.isolation import DEFAULT_JOBS, DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT
 
+# The bounds of --timeout and --memory: a day is longer than any grading needs, and past about 10^9 s the
+# wait for a child overflows the OS's timeout; RLIMIT_AS is a signed 64-bit count of bytes (2^63 = 2^33 GiB
+# fails setrlimit in the child, and the exercise with it), so the limit stops far below, at 2^20 GiB (1 PiB).
+# Below 1 MiB the child cannot even start its grader.
+MAX_TIMEOUT = 86_400.0
+MAX_MEMORY_GIB = float(2**20)
+MIN_MEMORY_GIB = 0.001
 EXIT_STATUS = ("exit status: 0 every exercise asked for passes; 1 one is failed or not started; 2 bad input; "
                "74 in place of 0: standard output closed or full")  # fmt: skip
 # list and init grade nothing: their statuses are their own (a pipe whose reader stopped early is no error for them)
@@ -80,8 +89,9 @@ def add_parser(subparsers: Any) -> None:
                       help="print one JSON record per exercise instead of the table")  # fmt: skip
     form.add_argument("--format", choices=("table", "json", "gradescope"), default="table",
                       help="gradescope: the table, and Gradescope's results.json (see --results)")  # fmt: skip
-    check.add_argument("--results", metavar="PATH", default="results.json",
-                       help="where --format gradescope writes (default: results.json; never inside DIR)")  # fmt: skip
+    check.add_argument("--results", metavar="PATH",
+                       help="with --format gradescope: where it writes (default: results.json; a new path or a "
+                       "regular file, never inside DIR)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,8 +150,10 @@ def require_workspace(directory: Path) -> None:
                          f"tinyamp exercises init {directory}")  # fmt: skip
 
 
-def positive(text: str | None, option: str, default: float, example: str) -> float:
-    """The value of `option`, a finite number > 0 (`default` when not given); UsageError otherwise."""
+def positive(text: str | None, option: str, default: float, example: str, most: float = math.inf,
+             least: float = 0.0, unit: str = "") -> float:  # fmt: skip
+    """The value of `option`, a finite number > 0, from `least` to `most` (`default` when not given);
+    UsageError otherwise."""
     if text is None:
         return default
     try:
@@ -150,11 +162,15 @@ def positive(text: str | None, option: str, default: float, example: str) -> flo
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"{option} takes a number > 0, such as {example}; got {text!r}")
+    if not least <= value <= most:
+        span = f"from {least:g} to {most:,.15g}" if least else f"above 0 and up to {most:,.15g}"
+        raise UsageError(f"{option} takes a number of {unit} {span}, such as {example}; got {text!r}")
     return value
 
 
 def check(args: argparse.Namespace) -> int:
     """Grade the exercises asked for, each in a child process; print the table (or JSON) and write results."""
+    from tinyamp.exercises import reports
     from tinyamp.exercises.isolation import Limits
 
     directory = Path(args.directory)
@@ -163,13 +179,18 @@ def check(args: argparse.Namespace) -> int:
         exercises = list(EXERCISES) if not args.only else list(dict.fromkeys(find(name) for name in args.only))
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
-    seconds = positive(args.timeout, "--timeout", DEFAULT_TIMEOUT * (DEEP if args.deep else 1), "60")
-    memory = positive(args.memory, "--memory", DEFAULT_MEMORY_GIB, "2")
+    seconds = positive(args.timeout, "--timeout", DEFAULT_TIMEOUT * (DEEP if args.deep else 1), "60", MAX_TIMEOUT,
+                       unit="seconds")  # fmt: skip
+    memory = positive(args.memory, "--memory", DEFAULT_MEMORY_GIB, "2", MAX_MEMORY_GIB, MIN_MEMORY_GIB, "GiB")
     jobs = positive(args.jobs, "--jobs", min(DEFAULT_JOBS, os.cpu_count() or 1), "2")
     if jobs != int(jobs):
         raise UsageError(f"--jobs takes a whole number > 0, such as 2; got {args.jobs!r}")
     results_path = None
+    if args.results is not None and args.format != "gradescope":
+        raise UsageError(f"--results {args.results} names where --format gradescope writes Gradescope's results.json; "
+                         "add --format gradescope, or leave out --results")  # fmt: skip
     if args.format == "gradescope":
+        args.results = args.results or "results.json"
         results_path = Path(args.results).resolve()
         if results_path.is_relative_to(directory.resolve()):
             raise UsageError(f"--results {args.results} is inside the workspace {directory}, which grading never "
@@ -178,6 +199,9 @@ def check(args: argparse.Namespace) -> int:
             raise UsageError(f"--results {args.results}: {results_path.parent} is not a folder to write results.json "
                              "into" if not results_path.parent.is_dir() else f"--results {args.results} is a folder; "
                              "give a file path such as results.json")  # fmt: skip
+        why = reports.not_a_file(results_path)
+        if why is not None:
+            raise UsageError(f"--results {args.results} {why}")
     try:
         import hypothesis  # noqa: F401  (every grader is a hypothesis property)
     except ImportError:
@@ -191,15 +215,19 @@ def check(args: argparse.Namespace) -> int:
         results = grade_and_print(exercises, directory, args.deep, limits, int(jobs), table=args.format != "json")
     except CopyError as exc:
         raise UsageError(str(exc)) from None
-    from tinyamp.exercises import reports
-
     if args.format == "json":
         print(reports.records_json(results))
     if results_path is not None:
         summary = reports.gradescope(results, sum(r.seconds for r in results))
         import json
 
-        reports.write_atomically(results_path, json.dumps(summary, indent=1))
+        try:
+            reports.write_atomically(results_path, json.dumps(summary, indent=1))
+        except OSError as exc:  # a full disk, or a device or pipe put there while grading ran
+            raise UsageError(
+                f"--results {args.results}: could not write {results_path} ({exc.strerror or exc}); "
+                "nothing was written there, and the grades above stand"
+            ) from None
         print(f"wrote {results_path}: score {summary['score']} of {sum(e.points for e in exercises)}")
     return 0 if all(r.status == "passed" for r in results) else 1
 

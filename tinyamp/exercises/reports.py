@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,13 +70,45 @@ def gradescope(results: Sequence[Result], seconds: float) -> dict[str, Any]:
     }
 
 
+KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+         (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why results may not be written at `path` (the end of a sentence), or None: a new path or a regular file.
+
+    The write replaces what the name points at (``os.replace``): run as root, a results path of
+    /dev/full or of a FIFO would turn the device or the pipe into a regular file.  A symbolic
+    link is judged by what it points at.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None  # a new path (or a link to one)
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror or exc}); give a new path or a regular file"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
+    return f"is {kind}, which writing results.json would replace; give a new path or a regular file"
+
+
 def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all (a half-written results.json would be read as a grade)."""
+    """Write `text` to `path` whole or not at all (a half-written results.json would be read as a grade).
+
+    Only a new path or a regular file is replaced (``not_a_file``), checked again just before the
+    replace: anything else raises OSError and is left as it was.
+    """
     path = Path(path)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it takes the name: a crash leaves the old grades or the new
+        why = not_a_file(path)
+        if why is not None:
+            raise OSError(f"{path} {why}")
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

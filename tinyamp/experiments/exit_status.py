@@ -3,7 +3,7 @@
 A script or a course's grading job reads them: 0 the run is done; 2 bad input (one sentence
 says what to type instead); 3 the run diverged (the message says when and why); 74 standard
 output closed or full, the run's files written (sysexits' EX_IOERR); 128 + the signal's
-number when SIGINT or SIGTERM stopped it (130, 143), as a shell reports a process it killed.
+number when SIGINT, SIGTERM or SIGHUP stopped it (130, 143, 129), as a shell reports a process it killed.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ STDOUT_FAILED = 74
 
 EXPLAINED = (
     "exit status: 0 done; 2 bad input (a message says what to type instead); 3 the run diverged (the message says "
-    "when and why); 74 standard output closed or full (the files were written); 130 or 143 stopped by Ctrl-C or "
-    "SIGTERM (train --out saves a checkpoint first)"
+    "when and why); 74 standard output closed or full (the files were written); 130, 143 or 129 stopped by Ctrl-C, "
+    "SIGTERM or SIGHUP (train --out saves a checkpoint first)"
 )
 
 

@@ -1,4 +1,8 @@
-"""Ctrl-C (SIGINT) and SIGTERM stop a run at a step boundary, so that its checkpoint is a real state.
+"""Ctrl-C (SIGINT), SIGTERM and SIGHUP stop a run at a step boundary, so that its checkpoint is a real state.
+
+SIGHUP is what a run receives when its terminal closes or its ssh connection drops; it used to
+end the process at once with nothing saved.  A run started under ``nohup`` (SIGHUP ignored) was
+asked to outlive its terminal: it keeps SIGHUP ignored.
 
 A signal arrives between any two bytecodes.  Raising at that point could stop a run half
 way through an optimizer step, with some weights updated and others not: nothing that
@@ -9,7 +13,7 @@ second signal (someone pressing Ctrl-C again because they mean it), the handler 
 :class:`Interrupted` at once.
 
 The exit status of a stopped command is the shell's convention, 128 + the signal
-number: 130 after SIGINT, 143 after SIGTERM.
+number: 130 after SIGINT, 143 after SIGTERM, 129 after SIGHUP.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))  # (Windows: none)
+
+
+def handled(signum: int) -> bool:
+    """Whether a run stops at `signum`: every one of SIGNALS, except a SIGHUP that nohup has made ignored."""
+    return not (signum == getattr(signal, "SIGHUP", None) and signal.getsignal(signum) == signal.SIG_IGN)
 
 
 class Interrupted(Exception):
@@ -33,7 +42,7 @@ class Interrupted(Exception):
 
     @property
     def name(self) -> str:
-        """SIGINT or SIGTERM."""
+        """SIGINT, SIGTERM or SIGHUP."""
         return signal.Signals(self.signum).name
 
     @property
@@ -71,7 +80,7 @@ class Stop:
 
     @property
     def name(self) -> str | None:
-        """SIGINT or SIGTERM, once one has arrived."""
+        """SIGINT, SIGTERM or SIGHUP, once one has arrived."""
         return None if self.signum is None else signal.Signals(self.signum).name
 
     @property
@@ -82,7 +91,8 @@ class Stop:
 
 @contextmanager
 def handle_signals() -> Iterator[Stop]:
-    """Install the handlers for SIGINT and SIGTERM for the duration of the block, then restore the old ones.
+    """Install the handlers for SIGINT, SIGTERM and SIGHUP (unless ignored: nohup) for the duration of the
+    block, then restore the old ones.
 
     Only the main thread can install signal handlers; elsewhere (a test runner's worker
     thread) the block runs with the handlers it found.
@@ -91,7 +101,7 @@ def handle_signals() -> Iterator[Stop]:
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    previous = {s: signal.signal(s, stop._handler) for s in SIGNALS}
+    previous = {s: signal.signal(s, stop._handler) for s in SIGNALS if handled(s)}
     try:
         yield stop
     finally:

@@ -29,6 +29,9 @@ MAX_SEED = 2**63 - 1  # NumPy's generators take any non-negative integer; this b
 # A checkpoint keeps the loss scaler's history of every step (about 500 bytes of parsed
 # metadata a step, amp/checkpoint_file.py); 100,000 steps stay within what one may hold.
 MAX_STEPS = 100_000
+# steps between the checkpoints a run with an output folder saves, in one process and on N ranks alike:
+# a run killed by SIGKILL, a power cut or the loss of one rank loses at most this many
+DEFAULT_CHECKPOINT_EVERY = 500
 
 
 def _is_int(value: Any) -> bool:

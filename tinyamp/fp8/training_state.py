@@ -17,6 +17,8 @@ import numpy as np
 
 from tinyamp.fp8.scaling import EVENTS
 from tinyamp.fp8.training import BlockCasts, Fp8Casts
+from tinyamp.nn.linear import Linear as LinearLayer
+from tinyamp.nn.module import Module
 
 # field: the dtype it is stored as (float32 values stored as float32 are exact; counts as int64)
 PER_TENSOR = {"amax": np.float32, "scale": np.float32, "next_scale": np.float32, "event": np.uint8,
@@ -42,8 +44,28 @@ def to_extra(casts: Fp8Casts) -> dict[str, Any]:
     return {"recipe": casts.recipe, "tensors": tensors}
 
 
-def load_extra(casts: Fp8Casts, saved: Any, path: str) -> None:
-    """Restore `casts` from a checkpoint's ``extra["fp8"]``; ValueError (one sentence naming `path`) if damaged."""
+def cast_tensors(casts: Fp8Casts, model: Module) -> tuple[list[str], list[str]]:
+    """The tensors a training step of `model` casts under `casts`: (those every step casts, those it may).
+
+    Every Linear layer casts its input, its weight and its output's gradient at every step
+    (MXFP8: each of them once more along the other axis, ``.T``); MXFP8 casts a layer's
+    ``grad_output`` along its outputs only where the layer's input needs a gradient (not the
+    first layer of an MLP), so that one may be missing.
+    """
+    layers = [name for name, m in model.named_modules() if isinstance(m, LinearLayer)]
+    if isinstance(casts, BlockCasts):
+        kinds, optional = ("input", "weight", "input.T", "weight.T", "grad_output.T"), ("grad_output",)
+    else:
+        kinds, optional = ("input", "weight", "grad_output"), ()
+    return [f"{n}.{k}" for n in layers for k in kinds], [f"{n}.{k}" for n in layers for k in optional]
+
+
+def load_extra(casts: Fp8Casts, saved: Any, path: str, model: Module | None = None) -> None:
+    """Restore `casts` from a checkpoint's ``extra["fp8"]``; ValueError (one sentence naming `path`) if damaged.
+
+    With `model`, the saved tensors must be those a step of `model` casts (``cast_tensors``):
+    a tensor left out would start again from scale 1 and an empty history, silently.
+    """
 
     def bad(what: str) -> ValueError:
         return ValueError(f"{path}: the checkpoint's FP8 state {what}; the file was edited or damaged")
@@ -52,6 +74,15 @@ def load_extra(casts: Fp8Casts, saved: Any, path: str) -> None:
         raise bad("is not the table of tensors tinyamp writes")
     if saved["recipe"] != casts.recipe:
         raise bad(f"is of the recipe {saved['recipe']!r}, not this run's {casts.recipe!r}")
+    if model is not None:
+        required, optional = cast_tensors(casts, model)
+        missing = [name for name in required if name not in saved["tensors"]]
+        if missing:
+            raise bad(f"has no tensor {missing[0]!r} (its scale, amax history and casts), which every step of "
+                      f"this model casts")  # fmt: skip
+        unknown = [name for name in saved["tensors"] if name not in {*required, *optional}]
+        if unknown:
+            raise bad(f"holds a tensor {unknown[0]!r} that no Linear layer of this model casts")
     blocks = isinstance(casts, BlockCasts)
     fields = BLOCKS if blocks else PER_TENSOR
     keys = {"pass", "values", "casts"} | (set() if blocks else {"scale", "amax_history"})
