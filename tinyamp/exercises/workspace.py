@@ -11,6 +11,8 @@ DIR/
 from __future__ import annotations
 
 import ast
+import os
+import tempfile
 from pathlib import Path
 
 from tinyamp.exercises import holes
@@ -65,7 +67,7 @@ def write_workspace(directory: Path, solutions: bool = False) -> list[Path]:
                 if not folder.is_dir():
                     folder.mkdir()  # FileExistsError where a file holds the name
                     made.append(folder)
-            path.write_text(text)
+            _write_whole(path, text)
             made.append(path)
     except BaseException as exc:  # a file in the way, a full disk, Ctrl-C: no half workspace, which a second
         left = _take_back(made)  # init would refuse to write over
@@ -77,6 +79,25 @@ def write_workspace(directory: Path, solutions: bool = False) -> list[Path]:
         undone = f"{', '.join(map(str, left))} could not be removed again" if left else "nothing was left there"
         raise WorkspaceError(f"cannot write the workspace into {directory} ({why}); {undone}") from None
     return [path for path in made if path.is_file()]
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a temporary file in the same folder, renamed onto `path`.
+
+    A full disk used to leave a truncated stub that the next init refused to write over; now the
+    temporary file is removed and `path` never appears.
+    """
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; a stub is a file like any the student writes
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def _take_back(made: list[Path]) -> list[Path]:
