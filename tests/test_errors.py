@@ -7,6 +7,8 @@ devices involved, not just that something went wrong.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -367,6 +369,8 @@ def test_checkpoint_given_a_segment_that_is_not_a_function_names_it_and_the_orde
         (lambda: ta.arange(0.5), TypeError, esc("arange", "ints", "0.5")),
         (lambda: ta.arange(0, 2**70), ValueError, esc(f"arange(0, {2**70}): {2**70} is beyond int64", "2^63-1")),
         (lambda: ta.arange(0, 10, -(2**64)), ValueError, esc(f"{-(2**64)} is beyond int64")),
+        (lambda: ta.arange(0, 2**62), ValueError, esc(f"arange(0, {2**62}): {2**62:,} values of int64 would take",
+                                                      "more than an array can address (2^63 - 1 bytes)")),
         (lambda: ta.manual_seed(-1), ValueError, esc("manual_seed", "0 to 2^64 - 1", "-1")),
         (lambda: ta.manual_seed(1.5), ValueError, esc("manual_seed", "1.5")),
         (lambda: ta.manual_seed(2**64), ValueError, esc("manual_seed", str(2**64))),
@@ -375,6 +379,16 @@ def test_checkpoint_given_a_segment_that_is_not_a_function_names_it_and_the_orde
 def test_shapes_and_seeds_that_mean_nothing_are_refused_with_the_fix(make, error: type, match: str) -> None:  # noqa: ANN001
     with pytest.raises(error, match=match):
         make()
+
+
+def test_an_arange_larger_than_memory_says_how_much_it_needs_in_a_child_with_2_gib() -> None:
+    """NumPy's MemoryError names a shape and bytes; tinyamp's names the call, the values, the GiB and the fix."""
+    code = ("import resource, tinyamp as ta\nresource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))\n"
+            "try:\n    ta.arange(0, 2**30)\nexcept MemoryError as e:\n    print(e)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == (f"arange(0, {2**30}): 1,073,741,824 values of int64 need 8.0 GiB, more than could be "
+                           "allocated on cpu; pass a shorter range\n")  # fmt: skip
 
 
 def test_shapes_and_seeds_that_mean_something_are_taken() -> None:

@@ -96,12 +96,20 @@ def arange(*args: int, dtype: Any = "int64", device: str = "cpu") -> Tensor:
     dt = dtypes.resolve(dtype)
     dtypes.check_supported(dt, backend.check_device(device))
     values = range(*(int(a) for a in args))
+    nbytes = len(values) * dt.itemsize
+    if nbytes > np.iinfo(np.intp).max:  # NumPy's own words: "array is too big; `arr.size * arr.dtype.itemsize`..."
+        raise ValueError(f"arange{args}: {len(values):,} values of {dt} would take {nbytes:,} bytes, more than an "
+                         f"array can address (2^63 - 1 bytes); pass a shorter range")  # fmt: skip
     # Evenly spaced integers: an integer dtype (or bool) holds them all when it holds both ends; a float
     # dtype holds every integer up to 2^(mantissa bits + 1), and is checked value by value above it.
     check = np.array([values[0], values[-1]] if values else [], dtype=np.int64)
     floating = dtypes.is_floating(dt)
     if floating and check.size and np.abs(check).max() > 2.0 ** (dtypes.finfo(dt).nmant + 1):
-        check = np.arange(*args, dtype=np.int64)  # the rare case, on the host
+        try:
+            check = np.arange(*args, dtype=np.int64)  # the rare case, on the host
+        except MemoryError:
+            raise MemoryError(f"arange{args}: checking that {dt} holds each of its {len(values):,} values needs "
+                              f"{len(values) * 8 / 2**30:,.1f} GiB on the host; pass a shorter range") from None
     with np.errstate(all="ignore"):  # a value that does not fit is reported below, by name
         held = check.astype(dt)
         back = held.astype(np.float64) if floating else held.astype(np.int64)
@@ -112,4 +120,9 @@ def arange(*args: int, dtype: Any = "int64", device: str = "cpu") -> Tensor:
             f"arange{args}: {int(check[i])} does not fit in {dt} (it would become {held[i].item()!r}); "
             "pass a dtype that holds every value, e.g. dtype='int64', and cast afterwards if you mean to round"
         )
-    return _leaf(backend.array_module(device).arange(*args, dtype=dt), False)  # made where it lives: no copy
+    try:
+        data = backend.array_module(device).arange(*args, dtype=dt)  # made where it lives: no copy
+    except MemoryError:
+        raise MemoryError(f"arange{args}: {len(values):,} values of {dt} need {nbytes / 2**30:,.1f} GiB, more than "
+                          f"could be allocated on {device}; pass a shorter range") from None  # fmt: skip
+    return _leaf(data, False)
