@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -240,3 +241,25 @@ def test_a_damaged_state_is_refused_and_changes_nothing() -> None:
         Fp8Scales(ScalingRecipe(amax_history_len=3)).load_state_dict(good)
     with pytest.raises(TypeError, match="float64"):
         scales.quantize("w", np.array([1.0]))
+
+
+@pytest.mark.parametrize(
+    ("bits", "scale", "error", "words"),
+    [
+        (np.zeros(3, np.uint8), 0.0, ValueError, "scale 0.0 is not a positive finite number"),
+        (np.zeros(3, np.uint8), float("nan"), ValueError, "scale nan is not a positive finite number"),
+        (np.zeros(3, np.uint8), -2.0, ValueError, "scale -2.0 is not a positive finite number"),
+        (np.zeros(3, np.uint8), float("inf"), ValueError, "scale inf is not a positive finite number"),
+        (np.zeros(3, np.uint8), True, ValueError, "scale True is not a positive finite number"),
+        (np.zeros(3, np.float32), 1.0, TypeError, "bits is a float32 array; it holds the E4M3 bit patterns"),
+        ([0, 1], 1.0, TypeError, "bits is list; it holds the E4M3 bit patterns, one uint8 a value"),
+    ],
+)
+def test_an_fp8_tensor_whose_scale_cannot_be_divided_out_is_refused_in_one_sentence(
+    bits: object, scale: object, error: type, words: str
+) -> None:
+    """Dequantizing divides by the scale: with 0 or NaN it gave inf and NaN values and a RuntimeWarning."""
+    with pytest.raises(error, match=re.escape(words)):
+        Fp8Tensor(bits, E4M3, scale)
+    kept = Fp8Tensor(encode(np.array([1.0, -2.0], np.float32) * np.float32(64.0), E4M3), E4M3, np.float32(64.0))
+    assert kept.dequantize().tolist() == [1.0, -2.0]  # a positive finite scale, float32 included, is taken

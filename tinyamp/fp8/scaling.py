@@ -16,14 +16,13 @@ held       the amax is 0 (nothing to measure), inf or NaN,      the previous sca
            or the quotient underflows to 0 (a margin of 31+)
 =========  ===================================================  ========================
 
-Two recipes choose the amax.  **Current** scaling measures this tensor now and casts it
-with the scale of its own amax.  **Delayed** scaling (TE's ``DelayedScaling``) casts step t
-with the scale computed at step t-1, then writes step t's amax into a history of the last
-`amax_history_len` steps and reduces it (``"max"``: the largest entry; ``"most_recent"``: the
-newest) to the scale of step t+1.  The first scale is 1.  The cast needs no pass over the
-tensor before it (the point of the recipe), and a spike larger than the history saw
-saturates until the next step learns it.  ``"HYBRID"`` uses E4M3 for the forward pass and
-E5M2, with its wider range, for gradients.
+Two recipes choose the amax.  **Current** scaling measures this tensor now and casts it with the
+scale of its own amax.  **Delayed** scaling (TE's ``DelayedScaling``) casts step t with the scale
+computed at step t-1, then writes step t's amax into a history of the last `amax_history_len` steps
+and reduces it (``"max"``: the largest entry; ``"most_recent"``: the newest) to the scale of step
+t+1.  The first scale is 1.  The cast needs no pass over the tensor before it (the point of the
+recipe), and a spike larger than the history saw saturates until the next step learns it.
+``"HYBRID"`` uses E4M3 for the forward pass and E5M2, with its wider range, for gradients.
 
 Which of Transformer Engine's behaviours this follows: the rule of its per-tensor kernel
 (``common/recipe/delayed_scaling.cu``): ``FP8_MAX * 2^-margin`` rounded to float32, then one
@@ -109,6 +108,9 @@ class Fp8Tensor:
     fmt: Minifloat
     scale: float
 
+    def __post_init__(self) -> None:
+        scaling_checks.check_fp8_tensor(self.bits, self.fmt, self.scale)
+
     def dequantize(self) -> np.ndarray:
         """float32 values: the decoded bytes times float32(1 / scale), TE's ``scale_inv``."""
         return decode(self.bits, self.fmt) * (np.float32(1.0) / np.float32(self.scale))
@@ -119,8 +121,7 @@ class TensorScaling:
 
     def __init__(self, name: str, fmt: str | Minifloat, recipe: ScalingRecipe) -> None:
         self.name, self.format, self.recipe = name, scaling_checks.checked_format(get_format(fmt)), recipe
-        self.scale = 1.0
-        self.amax_history = np.zeros(recipe.amax_history_len, dtype=np.float32)
+        self.scale, self.amax_history = 1.0, np.zeros(recipe.amax_history_len, dtype=np.float32)
         self.history: list[CastEvent] = []
 
     @property

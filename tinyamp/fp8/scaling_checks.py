@@ -60,6 +60,19 @@ def checked_format(fmt: Any) -> Any:
     return fmt
 
 
+def check_fp8_tensor(bits: Any, fmt: Any, scale: Any) -> None:
+    """Refuse an Fp8Tensor whose bytes are not a uint8 array or whose scale cannot be divided out."""
+    if not isinstance(bits, np.ndarray) or bits.dtype != np.uint8:
+        what = f"a {bits.dtype} array" if isinstance(bits, np.ndarray) else type(bits).__name__
+        raise TypeError(f"Fp8Tensor: bits is {what}; it holds the {getattr(fmt, 'name', fmt)} bit patterns, one uint8 "
+                        "a value (encode(x, fmt) makes them)")  # fmt: skip
+    ok = isinstance(scale, numbers.Real) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0
+    if not ok:
+        raise ValueError(f"Fp8Tensor: scale {scale!r} is not a positive finite number; the values were multiplied by "
+                         "it before the cast and dequantizing divides by it, so pass the scale the tensor was cast "
+                         "with (TensorScaling.quantize gives both)")  # fmt: skip
+
+
 def checked_input(name: str, x: Any) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype not in (np.float16, np.float32):
