@@ -328,3 +328,19 @@ def test_a_resumed_run_is_drawn_at_its_own_steps() -> None:
     measured = drawn(Figure(), lambda: figures.draw_measurements(doc, "resumed"))
     (lr,) = [line for line in measured.axes[1].lines if line.get_label().startswith("learning rate")]
     assert lr.get_xdata()[0] == STEPS // 2 and lr.get_xdata()[-1] == STEPS - 1  # beside the lost updates it explains
+
+
+def test_an_fp8_run_in_which_no_value_saturated_or_flushed_is_drawn_on_a_linear_share_axis() -> None:
+    """A log axis with nothing positive to show made matplotlib raise, and `tinyamp train` with it (4 mxfp8 steps)."""
+    task = DigitsMLP(hidden=HIDDEN)
+    regime = task_document(task, [run_regime(task, "mxfp8", 4, measure_every=2)[0]])["regimes"]["mxfp8"]
+    for t in regime["fp8"]["tensors"].values():
+        t["series"]["saturated"] = [0] * len(t["series"]["saturated"])
+        t["series"]["flushed"] = [0] * len(t["series"]["flushed"])
+    for p in regime["fp8"]["totals"].values():
+        p["saturated"] = p["flushed"] = 0
+    fig = figures.draw_fp8_tensors(regime, "mxfp8")
+    FigureCanvasAgg(fig).draw()  # the draw that raised
+    ax_scale, ax_amax, ax_share = fig.axes
+    assert (ax_scale.get_yscale(), ax_amax.get_yscale(), ax_share.get_yscale()) == ("log", "log", "linear")
+    assert ax_share.get_title() == "no value saturated or flushed to zero in the whole run"

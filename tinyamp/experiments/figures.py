@@ -457,6 +457,14 @@ def _colors(names: list[str]) -> dict[str, Any]:
     return out
 
 
+def _log_scale_if_positive(ax: Any, base: int) -> None:
+    """A log y axis where the panel has a positive value to show; a linear one where it has none (a short run
+    in which no value saturated or flushed: a log axis of nothing but gaps makes matplotlib raise)."""
+    ys = [np.asarray(line.get_ydata(), dtype=np.float64) for line in ax.get_lines()]
+    if any((np.isfinite(y) & (y > 0)).any() for y in ys):
+        ax.set_yscale("log", base=base)
+
+
 def draw_fp8_tensors(result: dict[str, Any], title: str) -> Any:
     """Three panels over the steps, a line per cast tensor: its scale, its amax, and the shares of its
     values saturated (solid) and flushed to zero (dotted), each a moving average; None without FP8."""
@@ -489,11 +497,10 @@ def draw_fp8_tensors(result: dict[str, Any], title: str) -> Any:
     per_tensor = "scale (x is multiplied by it before the cast)"
     ax_scale.set_ylabel(per_tensor if "scale" in next(iter(tensors.values()))["series"] else
                         "block scales, smallest (line) to largest")  # fmt: skip
-    ax_scale.set_yscale("log", base=2)
     ax_amax.set_ylabel("amax (largest |value|) per step")
-    ax_amax.set_yscale("log", base=10)
     ax_share.set_ylabel("% of the values: saturated (solid),\nflushed to zero (dotted)")
-    ax_share.set_yscale("log", base=10)
+    for ax, base in ((ax_scale, 2), (ax_amax, 10), (ax_share, 10)):
+        _log_scale_if_positive(ax, base)
     ax_share.set_xlabel("step")
     totals = fp8["totals"]
     never = [k for k in ("saturated", "flushed") if not totals["forward"][k] + totals["backward"][k]]
