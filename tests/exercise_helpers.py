@@ -17,6 +17,9 @@ IDS = [e.id for e in EXERCISES]
 
 
 def module_of(kind: str, module: str) -> Any:
+    """graders/<module>.py of the package, or the reference solution (tests/exercise_solutions/, not in the package)."""
+    if kind == "solutions":
+        return importlib.import_module(f"exercise_solutions.{module}")
     return importlib.import_module(f"tinyamp.exercises.{kind}.{module}")
 
 

@@ -773,7 +773,7 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
 
 def mutant_source(exercise_id: str, old: str, new: str) -> str:
     """The reference solution's module with `old` replaced by `new` (once: the edit must be unambiguous)."""
-    source = (ROOT / f"tinyamp/exercises/solutions/{find(exercise_id).module}.py").read_text()
+    source = (ROOT / f"tests/exercise_solutions/{find(exercise_id).module}.py").read_text()
     assert source.count(old) == 1, f"{exercise_id}: {old!r} occurs {source.count(old)} times in the solution"
     return source.replace(old, new)
 

@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from tinyamp.exercises import containment
+from tinyamp.exercises import containment, holes
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
 
 DEFAULT_TIMEOUT = 60.0  # seconds per exercise; the slowest reference solution takes about 3 s
@@ -294,7 +294,7 @@ def _child(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, se
     os.chdir(root)
     sys.dont_write_bytecode = True
     _report_os_exit(send, root)
-    for name in [n for n in sys.modules if n.startswith("tinyamp.exercises.solutions")]:
+    for name in [n for n in list(sys.modules) if _is_solution(n)]:
         del sys.modules[name]  # so that an import of one, however made, loads it again and is seen
     loaded = set(sys.modules)
     try:
@@ -317,13 +317,20 @@ def _send(send: Connection, kind: str, value: Any) -> None:
 
 
 def _solution_loaded(before: set[str]) -> str:
-    """A module of tinyamp's reference solutions that grading loaded (by name, or by the path of its file)."""
-    solutions = (Path(__file__).parent / "solutions").resolve()
+    """A module of tinyamp's reference solutions that grading loaded, found by the path of its file (they are
+    not in an installed tinyamp; a checkout of the repository has them in tests/exercise_solutions/)."""
     for name in sorted(set(sys.modules) - before, key=len, reverse=True):  # the module itself, not its package
-        file = getattr(sys.modules.get(name), "__file__", None) or ""
-        if name.startswith("tinyamp.exercises.solutions") or (file and Path(file).resolve().parent == solutions):
+        if _is_solution(name):
             return name
     return ""
+
+
+def _is_solution(name: str) -> bool:
+    file = getattr(sys.modules.get(name), "__file__", None) or ""
+    try:
+        return bool(file) and Path(file).resolve().parent == holes.SOLUTIONS
+    except (OSError, ValueError):
+        return False
 
 
 def _quiet(log: Path) -> None:
