@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from exercise_helpers import IDS, ROOT, grader, solution
+from exercise_helpers import IDS, ROOT, grade_remote, grader, solution
 from exercise_solutions import data_parallel as data_parallel_solutions
 from exercise_solutions import loss_scaling as scaling_solutions
 from exercise_solutions import master_weights as master_solutions
@@ -646,7 +646,7 @@ def test_grading_fails_code_that_is_not_the_students(
     tmp_path: Path, module: str, source: str, exercise_id: str, match: str
 ) -> None:
     workspace = replaced(stub_workspace(tmp_path), module, source)
-    result = grade(find(exercise_id), workspace)
+    result = grade_remote(find(exercise_id), workspace)
     assert result.status == FAILED
     assert result.message == " ".join(result.message.split())  # one line, for the table
     assert re.search(match, result.message), result.message

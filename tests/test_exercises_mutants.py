@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 
 import pytest
+from exercise_helpers import FAILED, grade_remote
 
 from tinyamp.exercises.catalog import PACKAGE, find
-from tinyamp.exercises.grading import FAILED, grade
 from tinyamp.exercises.workspace import write_workspace
 
 pytestmark = pytest.mark.cli
@@ -795,6 +795,6 @@ def test_each_plausible_wrong_solution_fails_with_the_rule_it_broke(
 def fails_with_its_reason(stubs: Path, exercise_id: str, wrong: str, old: str, new: str, reason: str) -> None:
     exercise = find(exercise_id)
     (stubs / PACKAGE / f"{exercise.module}.py").write_text(mutant_source(exercise_id, old, new))
-    result = grade(exercise, stubs)
+    result = grade_remote(exercise, stubs)  # as the command grades: the student's code in a process of its own
     assert result.status == FAILED, f"{wrong}: graded {result.status}"
     assert re.search(reason, result.message), result.message
