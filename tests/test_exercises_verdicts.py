@@ -177,3 +177,56 @@ def _npy_of_objects() -> str:
     buffer = io.BytesIO()
     np.save(buffer, np.array([object()]), allow_pickle=True)
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+# ---- the same in one process pair, without the command: objects, methods, and what ends a grading ------------
+SCALER = '''
+import math
+import sys
+
+
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 min_scale=None, max_scale=None):
+        self._scale, self.growth_factor, self.backoff_factor = init_scale, growth_factor, backoff_factor
+        self.growth_interval, self.min_scale, self.max_scale, self.growth_tracker = growth_interval, min_scale, \\
+            max_scale, 0
+
+    @property
+    def scale(self):
+        return SCALE(self._scale)
+
+    def update(self, found_inf):
+        EXIT()
+        return self
+
+    def state_dict(self):
+        return {"scale": self._scale, "growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, d):
+        self._scale, self.growth_tracker = d["scale"], d["growth_tracker"]
+'''
+
+
+@pytest.mark.parametrize("scale, exit_, reason", [
+    ("float", "lambda: None", r"clean steps? your scale is [^,]+, the pytorch rule says"),
+    ("lambda s: object()", "lambda: None", r"^your DynamicLossScaler\.scale returned an object of type object: the "
+                                           r"grader reads only plain data"),
+    ("float", "lambda: sys.exit(3)", r"^called sys\.exit\(3\) at myamp/loss_scaling\.py:\d+: a graded function must "
+                                     r"return, not end the program$"),
+])  # fmt: skip
+def test_an_object_of_the_students_class_is_driven_by_its_handle(tmp_path: Path, scale: str, exit_: str,
+                                                                  reason: str) -> None:  # fmt: skip
+    """A scaler that never grows (its update returns self, a handle the grader may be given back); one whose
+    scale is an object; one whose update calls sys.exit: each verdict as the command would give it."""
+    import re
+
+    from exercise_helpers import FAILED, grade_remote
+
+    from tinyamp.exercises.catalog import find
+
+    write_workspace(tmp_path / "ws")
+    (tmp_path / "ws" / PACKAGE / "loss_scaling.py").write_text(f"SCALE = {scale}\n" + SCALER.replace(
+        "import sys\n", f"import sys\n\nEXIT = {exit_}\n"))  # fmt: skip
+    result = grade_remote(find("5.1"), tmp_path / "ws")
+    assert result.status == FAILED and re.search(reason, result.message), result.message
