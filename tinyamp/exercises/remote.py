@@ -119,8 +119,8 @@ def encode(value: Any, handle: Callable[[Any], Any] | None = None, depth: int = 
         if array.dtype.name in EXTENSION_DTYPES:  # .npy writes ml_dtypes' types as bytes ("|V2"): name it
             data["dtype"] = array.dtype.name
         return data
-    if kind is list:
-        return [encode(v, handle, depth + 1, budget) for v in value]
+    if kind is list:  # numbers and strings as they are: most lists are of them
+        return [v if type(v) in _PRIMITIVE else encode(v, handle, depth + 1, budget) for v in value]
     if kind is tuple:
         return {"$": "tuple", "items": [encode(v, handle, depth + 1, budget) for v in value]}
     if kind is dict:
@@ -129,6 +129,9 @@ def encode(value: Any, handle: Callable[[Any], Any] | None = None, depth: int = 
     if handle is not None:
         return handle(value)
     raise _Refused(described(value))
+
+
+_PRIMITIVE = (bool, int, float, str)  # JSON's own, and Python's (None is handled where it is met)
 
 
 class Malformed(Exception):
@@ -142,7 +145,7 @@ def decode(data: Any, handle: Callable[[dict[str, Any]], Any] | None = None, dep
     if data is None or type(data) in (bool, int, float, str):
         return data
     if type(data) is list:
-        return [decode(v, handle, depth + 1) for v in data]
+        return [v if type(v) in _PRIMITIVE else decode(v, handle, depth + 1) for v in data]
     if type(data) is not dict:
         raise Malformed(f"a {type(data).__name__}")
     tag = data.get("$")

@@ -90,9 +90,13 @@ class ScalerAndForks(RuleBasedStateMachine):
 
         if not is_remote(self.yours):
             return
-        rows, error = harness(self.yours, "scaler_steps", [self.yours] + [f for f, _ in self.forks], flags,
+        flat, error = harness(self.yours, "scaler_steps", [self.yours] + [f for f, _ in self.forks], flags,
                               [str.__str__(n) for n in self.names])  # fmt: skip
-        self.queued = list(rows)
+        k, forks = len(self.names), len(self.forks)
+        stride = 1 + k * (1 + forks)  # one row per step: your scale before, then each scaler's names
+        self.queued = [[flat[i], flat[i + 1 : i + 1 + k], [flat[i + 1 + k * j : i + 1 + k * (j + 1)]
+                                                          for j in range(1, forks + 1)]]
+                       for i in range(0, len(flat) - stride + 1, stride)]  # fmt: skip
         if error is not None:
             from tinyamp.exercises.remote import rebuilt
 

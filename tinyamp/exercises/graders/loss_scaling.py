@@ -235,26 +235,26 @@ def scaler_steps(graded: Any, scalers: list[Any], flags: list[bool], names: list
     """5.1, 5.4: a run of steps of the student's scaler (the first of `scalers`) and its forks, in one message.
 
     For each flag what ``ScalerAndForks.step`` reads: your scale before, then ``update(flag)`` on each
-    scaler and its `names` (a method's value, or the attribute); the rows, and where an exception stopped them
-    (``(phase, record)``: "before", "update", "values" or "fork")."""
-    rows = []
+    scaler and its `names` (a method's value, or the attribute), all in one flat list (one row per step:
+    1 + len(names) * len(scalers) values); and where an exception stopped them (``(phase, record)``:
+    "before", "update", "values" or "fork"), or None."""
+    flat: list[Any] = []
     for flag in flags:
         phase = "before"
         try:
-            before = _raw(scalers[0], "scale")
+            row = [_raw(scalers[0], "scale")]
             phase = "update"
             scalers[0].update(flag)
             phase = "values"
-            yours = [_raw(scalers[0], name) for name in names]
+            row += [_raw(scalers[0], name) for name in names]
             phase = "fork"
-            forks = []
             for fork in scalers[1:]:
                 fork.update(flag)
-                forks.append([_raw(fork, name) for name in names])
+                row += [_raw(fork, name) for name in names]
         except Exception as exc:
-            return rows, (phase, error_record(exc, Path.cwd()))
-        rows.append([before, yours, forks])
-    return rows, None
+            return flat, (phase, error_record(exc, Path.cwd()))
+        flat += row
+    return flat, None
 
 
 def _raw(scaler: Any, name: str) -> Any:
