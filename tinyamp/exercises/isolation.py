@@ -372,6 +372,7 @@ def _grader(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, s
     if hasattr(os, "setsid"):
         os.setsid()  # the terminal's Ctrl-C reaches the grading command, which ends this process
     root = Path(copy)
+    _no_workspace_on_the_path()
     private = Path(tempfile.mkdtemp(prefix="grader-", dir=root.parent))
     _quiet(private / "output")  # hypothesis's reports: not into the table
     os.chdir(private)  # hypothesis's example database (--deep), if any, lands here
@@ -393,6 +394,17 @@ def _grader(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, s
     try:
         connection.send_bytes(json.dumps({"op": "quit"}).encode())
     except OSError:
+        pass
+
+
+def _no_workspace_on_the_path() -> None:
+    """In the grader: no import may find a student's file.  ``python -m`` puts the folder the command started in
+    on sys.path (a workspace, when it is graded from inside it), and "" is whatever folder is current: both go,
+    with any folder that holds a workspace; what the grader imports late (ml_dtypes, for bfloat16) loads now."""
+    sys.path[:] = [p for p in sys.path if p and not (Path(p) / PACKAGE).is_dir() and Path(p).resolve() != Path.cwd()]
+    try:
+        import ml_dtypes  # noqa: F401  (remote.decode reads bfloat16 and FP8 arrays with it)
+    except ImportError:
         pass
 
 
