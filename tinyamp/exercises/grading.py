@@ -104,16 +104,6 @@ def failure(exc: Exception, workspace: Path, definition: str) -> str:
     return f"{message} ({definition})" if definition and not isinstance(exc, NotTheirs) else message
 
 
-def aborted(exc: BaseException, workspace: Path) -> str:
-    """The reason when student code ended the grading itself: sys.exit, KeyboardInterrupt, another BaseException."""
-    where = raised_at(exc, workspace)
-    at = f" at {where}" if where else ""
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r}){at}: a graded function must return, not end the program"
-    text = _one_line(exc)
-    return f"raised {type(exc).__name__}{f': {text}' if text else ''}{at}"
-
-
 def preload(exercises: Iterable[Exercise]) -> None:
     """Import hypothesis and the graders of `exercises` (tinyamp's code only): child processes start with them."""
     import tinyamp.testing.counterexamples  # noqa: F401

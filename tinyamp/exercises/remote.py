@@ -204,11 +204,11 @@ def rebuilt(record: Any) -> BaseException:
     name, message, where = record["type"], record["message"], record.get("where") or ""
     if type(where) is not str:
         raise Malformed("a line that is not a string")
-    if record.get("base"):
+    if record.get("base"):  # the reason when student code ended the grading itself
         at = f" at {where}" if where else ""
         if name == "SystemExit":
-            return StudentAborted(f"called sys.exit({record.get('code', 'None')}){at}: a graded function must "
-                                  "return, not end the program")  # fmt: skip
+            return StudentAborted(f"called sys.exit({str(record.get('code', 'None'))[:200]}){at}: a graded function "
+                                  "must return, not end the program")  # fmt: skip
         text = " ".join(message.split())
         return StudentAborted(f"raised {name}{f': {text}' if text else ''}{at}")
     bases = [getattr(builtins, b, None) for b in record.get("bases") or [] if type(b) is str]
