@@ -400,12 +400,8 @@ def _grader(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, s
 def _no_workspace_on_the_path() -> None:
     """In the grader: no import may find a student's file.  ``python -m`` puts the folder the command started in
     on sys.path (a workspace, when it is graded from inside it), and "" is whatever folder is current: both go,
-    with any folder that holds a workspace; what the grader imports late (ml_dtypes, for bfloat16) loads now."""
+    with any folder that holds a workspace, before anything the grader imports late (ml_dtypes, for bfloat16)."""
     sys.path[:] = [p for p in sys.path if p and not (Path(p) / PACKAGE).is_dir() and Path(p).resolve() != Path.cwd()]
-    try:
-        import ml_dtypes  # noqa: F401  (remote.decode reads bfloat16 and FP8 arrays with it)
-    except ImportError:
-        pass
 
 
 def _send(send: Connection, kind: str, value: Any) -> None:
