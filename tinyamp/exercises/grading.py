@@ -108,6 +108,11 @@ def preload(exercises: Iterable[Exercise]) -> None:
     """Import hypothesis and the graders of `exercises` (tinyamp's code only): child processes start with them."""
     import tinyamp.testing.counterexamples  # noqa: F401
 
+    try:  # bfloat16 and the FP8 types: loaded late, it costs every process that needs it half a second
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        pass
+
     for module in dict.fromkeys(e.module for e in exercises):
         importlib.import_module(f"tinyamp.exercises.graders.{module}")
 

@@ -6,6 +6,7 @@ graders run on code imported into one process (the tests), in that process.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import traceback
 from collections.abc import Iterable
@@ -33,17 +34,30 @@ def raised_at(exc: BaseException, workspace: Path) -> str:
 
 def student_line(frames: Iterable[traceback.FrameSummary], workspace: Path) -> str:
     """The last of `frames` in a file inside `workspace`, as "myamp/backward.py:12" ("" if none is)."""
-    root = Path(workspace).resolve()
+    root = _resolved(str(workspace))
     found = ""
     for frame in frames:
         if frame.filename.startswith("<"):  # "<string>", "<frozen importlib._bootstrap>": no file, although
             continue  # resolved against the current folder (the workspace, while grading) it would name one there
-        try:
-            relative = Path(frame.filename).resolve().relative_to(root)
-        except (OSError, ValueError):  # a file elsewhere (the grader, numpy)
-            continue
-        found = f"{relative.as_posix()}:{frame.lineno}"
+        relative = _inside(frame.filename, root)
+        if relative:  # else a file elsewhere (the grader, numpy)
+            found = f"{relative}:{frame.lineno}"
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve())
+
+
+@functools.lru_cache(maxsize=4096)
+def _inside(filename: str, root: str) -> str:
+    """`filename` relative to the folder `root`, "" if it is not inside it (remembered: a batch of calls that
+    raise asks the same of the same frames thousands of times)."""
+    try:
+        return Path(filename).resolve().relative_to(root).as_posix()
+    except (OSError, ValueError):
+        return ""
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
