@@ -124,7 +124,7 @@ def bench_steps(quick: bool) -> list[dict]:
     t = interleaved_medians({"fp16": fp16, "fp8": fp8, "chapter": chapter}, rounds=2 if quick else 9,
                             calls_per_round=1 if quick else 3, warmup=1)  # fmt: skip
     name = f"MLP {'-'.join(map(str, sizes))} step, batch {batch}: FP8 emulated vs FP16 mixed"
-    off = f"the same FP8 step, engine room off (the chapter's NumPy casts and product), over FP16 mixed's {name[4:]}"
+    off = "the FP8 step above with the engine room off (the chapter's NumPy casts and product), over the FP16 step"
     return [
         row(name, "FP16 mixed (tinyamp: FP32 masters, loss scaling)", "ms", 1e3 * t["fp16"], 1.0),
         row(name, "FP8 emulated (delayed scaling, HYBRID, FP32 weights)", "ms", 1e3 * t["fp8"], t["fp8"] / t["fp16"]),
