@@ -16,8 +16,8 @@ each on a 2048 x 2048 tensor.  The torchao rows appear only where torchao is imp
 dependency of tinyamp; ``pip install torch torchao`` in another environment), and the script says
 so when it is not.
 
-Medians of interleaved rounds (timing.py) in milliseconds, with each contender's time over
-tinyamp's (as training runs it), all measured in this one run.  numba compiles each loop at its
+Medians of interleaved rounds (timing.py) in milliseconds, with tinyamp's time (as training runs
+it) over each contender's, all measured in this one run.  numba compiles each loop at its
 first call (or loads it from its on-disk cache): those warm-up calls are not timed.  One thread:
 the script sets OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS to 1 unless they are set,
 and PyTorch's threads to 1; tinyamp's loops run on one thread in any case.
@@ -118,15 +118,15 @@ def measure(n: int = N, rounds: int = 7) -> tuple[dict[str, dict[str, float]], s
 
 def report(results: dict[str, dict[str, float]], note: str, n: int = N) -> str:
     loops = "numba's compiled loops" if casts.active_kernels() == "numba" else "no numba: the chapter's NumPy passes"
-    lines = [f"FP8/FP4 casts of 2^{n.bit_length() - 1} float32 values, one thread; median ms, and each contender's",
-             f"time over {OURS}'s (as training runs it: through tinyamp.kernels; here {loops})",
+    lines = [f"FP8/FP4 casts of 2^{n.bit_length() - 1} float32 values, one thread; median ms, and {OURS}'s time",
+             f"over each contender's ({OURS} as training runs it: through tinyamp.kernels; here {loops})",
              f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}", ""]  # fmt: skip
     if note:
         lines += [note, ""]
-    lines.append(f"{'case':<36}{'contender':<26}{'ms':>9}{'/ ' + OURS:>12}")
+    lines.append(f"{'case':<36}{'contender':<26}{'ms':>9}{OURS + ' / it':>14}")
     for case, ms in results.items():
         for contender, t in ms.items():
-            lines.append(f"{case:<36}{contender:<26}{t:>9.2f}{t / ms[OURS]:>12.2f}")
+            lines.append(f"{case:<36}{contender:<26}{t:>9.2f}{ms[OURS] / t:>14.3f}")
     return "\n".join(lines)
 
 
