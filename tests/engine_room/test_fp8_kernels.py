@@ -10,6 +10,7 @@ subnormals, empty arrays, random and adversarial data.  Skipped where numba is n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -345,3 +346,27 @@ def test_import_tinyamp_fp8_does_not_import_numba() -> None:
     code = "import sys, tinyamp, tinyamp.fp8, tinyamp.fp8.seam; print('numba' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+SEAM_RUN = (
+    "import sys, hashlib, numpy as np\n"
+    "from tinyamp.fp8 import seam\n"
+    "x = (np.random.default_rng(5).standard_normal(1 << 12) * 100).astype(np.float32)\n"
+    "q = seam.quantize_blocks(x.reshape(4, -1), 'mxfp8_e4m3')\n"
+    "t = seam.TensorScaling('x', 'E4M3', seam.scaling.ScalingRecipe(recipe='current')).quantize(x)\n"
+    "parts = (seam.encode(x, 'E5M2'), q.codes, q.scales, t.bits)\n"
+    "print(hashlib.sha256(b''.join(p.tobytes() for p in parts)).hexdigest(), sys.modules.get('numba') is not None)\n"
+)
+
+
+@pytest.mark.parametrize("setting", [{"TINYAMP_ENGINE_ROOM": "off"}, {"NUMBA": "absent"}])
+def test_with_the_engine_room_off_or_without_numba_the_chapter_runs_alone_with_the_same_bits(setting: dict) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("TINYAMP_ENGINE_ROOM", "TINYAMP_CAST_KERNELS")}
+    code = SEAM_RUN if "NUMBA" not in setting else "import sys; sys.modules['numba'] = None\n" + SEAM_RUN
+    env |= {k: v for k, v in setting.items() if k != "NUMBA"}
+    engine_on = {k: v for k, v in env.items() if k != "TINYAMP_ENGINE_ROOM"}
+    runs = [subprocess.run([sys.executable, "-c", c], capture_output=True, text=True, timeout=300, env=e)
+            for c, e in ((code, env), (SEAM_RUN, engine_on))]  # fmt: skip
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    (alone, numba_loaded), (with_engine, numba_used) = (r.stdout.split() for r in runs)
+    assert alone == with_engine and numba_loaded == "False" and numba_used == "True", (runs[0].stdout, runs[1].stdout)
