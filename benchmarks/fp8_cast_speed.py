@@ -7,14 +7,14 @@
 reference (``tinyamp.fp8.formats.encode``, whole-array NumPy passes), ml_dtypes' ``astype``
 after ``np.clip`` (the same bits, tests/test_fp8_formats.py), and, where PyTorch is importable,
 ``x.clamp(-max, max).to(torch.float8_...)``; decoding (a 256-entry table) against ml_dtypes'
-widening.  **Quantizing.**  Per-tensor current scaling to E4M3 (``TensorScaling.quantize``, its
-counts of saturated, flushed and non-finite values included; torchao's
-``hp_tensor_to_float8_dynamic``), MXFP8 E4M3 and MXFP4 (E2M1 in blocks of 32 under E8M0 scales,
-the OCP floor rule; torchao's ``to_mx`` with FLOOR), and NVFP4 (E2M1 in blocks of 16 under E4M3
-scales and an FP32 tensor scale; torchao's ``nvfp4_quantize`` with ``per_tensor_amax_to_scale``),
-each on a 2048 x 2048 tensor.  The torchao rows appear only where torchao is importable (it is no
-dependency of tinyamp; ``pip install torch torchao`` in another environment), and the script says
-so when it is not.
+widening.  **Quantizing.**  Per-tensor current scaling of the 2^22 values to E4M3 (``TensorScaling.quantize``,
+its counts of saturated, flushed and non-finite values included; torchao's
+``hp_tensor_to_float8_dynamic`` on them as a 2048 x 2048 tensor), and on that 2048 x 2048 tensor
+MXFP8 E4M3 and MXFP4 (E2M1 in blocks of 32 under E8M0 scales, the OCP floor rule; torchao's
+``to_mx`` with FLOOR) and NVFP4 (E2M1 in blocks of 16 under E4M3 scales and an FP32 tensor scale;
+torchao's ``nvfp4_quantize`` with ``per_tensor_amax_to_scale``).  The torchao rows appear only
+where torchao is importable (it is no dependency of tinyamp; ``pip install torch torchao`` in
+another environment), and the script says so when it is not.
 
 Medians of interleaved rounds (timing.py) in milliseconds, with tinyamp's time (as training runs
 it) over each contender's, all measured in this one run.  numba compiles each loop at its

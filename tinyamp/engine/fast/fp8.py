@@ -8,12 +8,13 @@ kernel              reference (tinyamp/fp8/)                           here
 fp8_encode          ``formats.encode``                                 one loop over the values
 fp8_amax            ``scaling.amax_of``: max |x|                       a max over the bit patterns
 fp8_scaled_cast     ``scaling.cast_counted``: x * scale cast, counted  one loop: cast and the three counts
-fp8_block_quantize  ``blocks.quantize`` (1 x 32 blocks, and NVFP4)     one loop per block
+fp8_block_quantize  ``blocks.quantize``: 1-row blocks (MX, NVFP4)      the amaxes, then one loop per block
 fp8_matmul          ``products.fp8_matmul`` with float32 sums          decode by table, sgemm, scale once
 ==================  =================================================  ====================================
 
 Each answers only where it gives the reference's result: float32 C-contiguous input (and, for
-the product, 2-D uint8 operands without a narrow accumulator); everything else, and every
+the product, 2-D uint8 operands without a narrow accumulator); everything else (float16, a
+strided view, a CuPy array, an amax over a NaN, whose payload NumPy's max chooses), and every
 input the reference refuses (a NaN for E2M1, a NaN or inf in a block tensor, a bad shape),
 gets ``NotImplemented``, and the reference runs, with its own errors.  Without numba, or with
 the casts switched to NumPy (``casts.set_kernels("numpy")``, ``TINYAMP_CAST_KERNELS=numpy``),

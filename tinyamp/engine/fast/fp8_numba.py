@@ -5,7 +5,8 @@ bits, the power of two P, the float32 addition that rounds, the shifts, the sign
 lanes), and a scaled cast (``TensorScaling.cast_counted``) or a block cast (``blocks.quantize``)
 adds a few more: the product by the scale, the counts, each block's amax and exponent.  Here
 the same arithmetic is written for one element, in the same order and the same widths, and
-numba compiles the loop, so each value is read once and stays in registers; the results are
+numba compiles the loop, so each value goes through all the steps in registers, in one pass
+(two where a scale needs the amax first: current scaling, each block's exponent); the results are
 the same bits and the same counts (tests/engine_room/test_fp8_kernels.py checks them against
 the chapter on every rounding point of each format, NaN, inf, -0, subnormals and random data).
 
