@@ -40,6 +40,7 @@ class TensorScaling(scaling.TensorScaling):
 
 
 def _block_arrays(x: np.ndarray, scheme: str, fmt: Minifloat, block: tuple, rounding: Any, e4m3: Minifloat) -> tuple:
+    """``blocks.quantize`` as (codes, scales, S); fmt, block and e4m3 spell the scheme out for the engine room."""
     q = blocks.quantize(x, scheme, rounding)
     return q.codes, q.scales, q.tensor_scale
 
