@@ -22,6 +22,8 @@ after the product, and its gradient is the float32 sum of the rows of g, not qua
 Transformer Engine's fused bias gradient takes it from the unquantized g.  The rest of the
 model (embeddings, layer norm, attention's own products, softmax, the loss) runs in FP32, and
 the weights are FP32: they are the master weights, cast to E4M3 afresh by every forward.
+The casts and products run through ``seam.py`` (``tinyamp.kernels``): the chapter's bits, in the
+engine room's compiled loops where they apply.
 
 **What is recorded.**  A forward with gradients enabled (a training step) and every backward
 cast through the tensor's scaling state, which advances and records the cast (scale, amax,
@@ -56,11 +58,12 @@ from typing import Any
 
 import numpy as np
 
-from tinyamp.fp8.blocks import BlockTensor, quantize
+from tinyamp.fp8.blocks import BlockTensor
 from tinyamp.fp8.formats import E4M3, E5M2, decode, decode_e8m0
-from tinyamp.fp8.products import fp8_matmul
 from tinyamp.fp8.scales import Fp8Scales
-from tinyamp.fp8.scaling import Fp8Tensor, ScalingRecipe, TensorScaling
+from tinyamp.fp8.scaling import Fp8Tensor, ScalingRecipe
+from tinyamp.fp8.seam import TensorScaling, fp8_matmul
+from tinyamp.fp8.seam import quantize_blocks as quantize
 from tinyamp.function import Function
 from tinyamp.grad_mode import is_grad_enabled
 from tinyamp.nn.linear import Linear as LinearLayer
