@@ -122,6 +122,7 @@ def test_each_tensor_is_cast_once_a_step_under_its_layers_name() -> None:
     assert formats["0.grad_output"] == "E5M2" and formats["2.input"] == formats["4.weight"] == "E4M3"
 
 
+@pytest.mark.long_run
 def test_the_transformer_trains_in_fp8_with_every_linear_layer_cast() -> None:
     task = tasks.CharTransformer(chars=20_000, eval_batches=1)
     for recipe in ("fp8", "mxfp8"):  # mxfp8: the vocabulary of the head is padded to a multiple of 32
@@ -131,6 +132,7 @@ def test_the_transformer_trains_in_fp8_with_every_linear_layer_cast() -> None:
 
 
 # ---- what FP8 costs the digits MLP ------------------------------------------------------------------------------
+@pytest.mark.long_run
 def test_fp8_ends_within_one_point_of_fp32_on_the_digits(capsys: pytest.CaptureFixture[str]) -> None:
     task = tasks.DigitsMLP()
     steps = 1500  # the demo's run
