@@ -10,26 +10,37 @@ the docs quote, and a later full run overwrites it.
 is tinyamp's: FP16 weights and activations, FP32 masters, dynamic loss scaling, FP16 x FP16 ->
 FP32 products.  The FP8 step emulates Transformer Engine's delayed-scaling recipe on NumPy:
 each Linear casts its input and its FP32 weight to E4M3 and its output gradient to E5M2
-(``Fp8Scales``, HYBRID, amax history 1024), and runs its three products as ``fp8_matmul``
-(exact products, float32 sums, scaled back); the weights stay FP32 and SGD updates them
-there; no loss scale (the gradients' own scales do that work).  Both are timed as medians of
-interleaved rounds (timing.py), and their ratio is measured in this one run.
+(``Fp8Scales``, HYBRID, amax history 1024), and runs its products as ``fp8_matmul``
+(exact products, float32 sums, scaled back; the first layer's input gradient is not computed,
+as the FP16 step's autograd skips it); the weights stay FP32 and SGD updates them there; no loss
+scale (the gradients' own scales do that work).  The casts and products go through
+``tinyamp.fp8.seam`` (the engine room's compiled loops with numba, the same bits as the
+chapter); the same FP8 step is timed a third time with the engine room off
+(``kernels.reference_only()``: the chapter's NumPy code).  All are timed as medians of
+interleaved rounds (timing.py), the first call (numba's compilation, or its cache's load) in the
+untimed warm-up, and their ratios are measured in this one run.  One thread: the script sets
+OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS to 1 unless they are set.
 
-**The casts** (2^20 float32 values): tinyamp's exact saturating round-to-nearest-even
-(``tinyamp.fp8.formats.encode``) against ml_dtypes' ``astype`` after ``np.clip`` (the same
+**The casts** (2^22 float32 values): tinyamp's exact saturating round-to-nearest-even
+(``tinyamp.fp8.seam.encode``) against ml_dtypes' ``astype`` after ``np.clip`` (the same
 bits), and decoding against ml_dtypes' widening, as fp8_cast_speed.py measures them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import sys
-from pathlib import Path
-from typing import Any
+import os
 
-import numpy as np
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")  # before NumPy starts its BLAS's threads
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py, mlp_step.py, fp8_cast_speed.py
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working tree's tinyamp, installed or not
@@ -40,8 +51,9 @@ import mp_step  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
 import tinyamp as ta  # noqa: E402
-from tinyamp import nn, optim  # noqa: E402
-from tinyamp.fp8 import Fp8Scales, Fp8Tensor, ScalingRecipe, fp8_matmul  # noqa: E402
+from tinyamp import kernels, nn, optim  # noqa: E402
+from tinyamp.fp8 import Fp8Scales, Fp8Tensor, ScalingRecipe  # noqa: E402
+from tinyamp.fp8.seam import fp8_matmul  # noqa: E402  (the chapter's product, through tinyamp.kernels)
 from tinyamp.function import Function  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fp8_step.json"
@@ -65,7 +77,8 @@ class Fp8Linear(Function):
     def backward(self, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         xq, wq = self.saved
         gq = self.scales.quantize(f"{self.tensor}.grad_output", grad_output, "backward")
-        return fp8_matmul(gq, wq), fp8_matmul(transposed(gq), xq), grad_output.sum(axis=0)
+        gx = fp8_matmul(gq, wq) if self.needs_input_grad[0] else None  # the batch's input needs none, as in FP16
+        return gx, fp8_matmul(transposed(gq), xq), grad_output.sum(axis=0)
 
 
 def fp8_model_step(x: np.ndarray, y: np.ndarray, sizes: tuple[int, ...] = mlp_step.SIZES) -> tuple[Any, Any]:
@@ -101,19 +114,31 @@ def bench_steps(quick: bool) -> list[dict]:
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((batch, sizes[0])).astype(np.float32), rng.integers(0, sizes[-1], size=batch)
     fp8, _ = fp8_model_step(x, y, sizes)
+    reference, _ = fp8_model_step(x, y, sizes)
     fp16 = mp_step.mixed_precision_step(x, y, sizes=sizes)  # the step mp_step.py times, at these sizes
-    t = interleaved_medians({"fp16": fp16, "fp8": fp8}, rounds=2 if quick else 9,
+
+    def chapter() -> None:
+        with kernels.reference_only():
+            reference()
+
+    t = interleaved_medians({"fp16": fp16, "fp8": fp8, "chapter": chapter}, rounds=2 if quick else 9,
                             calls_per_round=1 if quick else 3, warmup=1)  # fmt: skip
     name = f"MLP {'-'.join(map(str, sizes))} step, batch {batch}: FP8 emulated vs FP16 mixed"
+    off = "the FP8 step above with the engine room off (the chapter's NumPy casts and product), over the FP16 step"
     return [
         row(name, "FP16 mixed (tinyamp: FP32 masters, loss scaling)", "ms", 1e3 * t["fp16"], 1.0),
         row(name, "FP8 emulated (delayed scaling, HYBRID, FP32 weights)", "ms", 1e3 * t["fp8"], t["fp8"] / t["fp16"]),
+        row(off, "FP8 emulated, engine room off", "ms", 1e3 * t["chapter"], t["chapter"] / t["fp16"]),
     ]
 
 
 def bench_casts(quick: bool) -> list[dict]:
-    rows = []
-    for case, ns in fp8_cast_speed.measure(1 << (14 if quick else 20), rounds=2 if quick else 7).items():
+    rows, n = [], 1 << (14 if quick else 22)
+    results, _ = fp8_cast_speed.measure(n, rounds=2 if quick else 7)
+    for case, ms in results.items():
+        if "ml_dtypes" not in ms:
+            continue  # the quantizers: fp8_cast_speed.py prints them
+        ns = {k: 1e6 * v / n for k, v in ms.items()}
         name = f"{case}, ns per value"
         rows.append(row(name, "ml_dtypes", "ns", ns["ml_dtypes"], 1.0))
         rows.append(row(name, "tinyamp (exact, by hand)", "ns", ns["tinyamp"], ns["tinyamp"] / ns["ml_dtypes"]))
@@ -142,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         print("ml_dtypes is not installed (pip install ml_dtypes): the casts are not compared")
     print(table(rows))
     meta = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
-            "processor": platform.processor() or "unknown", "quick": args.quick}  # fmt: skip
+            "processor": platform.processor() or "unknown", "quick": args.quick,
+            "threads": {v: os.environ[v] for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+            "fp8_kernels": "numba" if fp8_cast_speed.casts.active_kernels() == "numba" else "numpy"}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")

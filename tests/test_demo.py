@@ -30,7 +30,7 @@ from tinyamp.experiments.diagnosis import diagnose
 from tinyamp.experiments.figures import matplotlib_available
 from tinyamp.experiments.regimes import REGIMES, bfloat16_available
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.long_run]
 
 STEPS = DEMO_MLP_STEPS  # the failure of pure BF16 grows over the run: the curves part after about step 400
 TRANSFORMER_STEPS = 4

@@ -38,6 +38,16 @@ def test_the_chapter_is_at_most_400_lines(capsys: pytest.CaptureFixture[str]) ->
     assert sum(counts.values()) <= 400
 
 
+def test_the_readme_table_of_the_chapter_gives_each_modules_true_line_count() -> None:
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        parts = [p.strip() for p in line.strip("|").split("|")]
+        if len(parts) == 4 and parts[1].strip("`") in CHAPTER:
+            rows[parts[1].strip("`")] = int(parts[3])
+    actual = {module: len((ROOT / module).read_text().splitlines()) for module in CHAPTER}
+    assert rows == actual
+
+
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_each_mechanism_fits_on_one_screen_in_the_chapter(mechanism: str) -> None:
     fn = inspect.unwrap(getattr(MECHANISMS[mechanism], "func", MECHANISMS[mechanism]))  # cached_property -> func

@@ -78,9 +78,9 @@ def test_mxfp8_products_are_exact_sums_of_block_decoded_values_with_zero_padding
     y, gx, gw, _ = forward_backward(layer, x, fp8_training("mxfp8"), g)
     w = layer.weight.numpy()
 
-    def mx(a: np.ndarray, scheme: str) -> np.ndarray:  # blocks along the last axis, padded with zeros
+    def mx(a: np.ndarray, scheme: str) -> np.ndarray:  # blocks along the last axis, padded with zeros, scales up
         padded = np.pad(a, ((0, 0), (0, -a.shape[1] % 32)))
-        return quantize(padded, scheme).dequantize()
+        return quantize(padded, scheme, rounding="up").dequantize()
 
     assert np.array_equal(y, mx(x, "mxfp8_e4m3") @ mx(w, "mxfp8_e4m3").T + layer.bias.numpy())
     assert np.array_equal(gx, mx(g, "mxfp8_e5m2") @ mx(w.T.copy(), "mxfp8_e4m3").T)
@@ -122,6 +122,7 @@ def test_each_tensor_is_cast_once_a_step_under_its_layers_name() -> None:
     assert formats["0.grad_output"] == "E5M2" and formats["2.input"] == formats["4.weight"] == "E4M3"
 
 
+@pytest.mark.long_run
 def test_the_transformer_trains_in_fp8_with_every_linear_layer_cast() -> None:
     task = tasks.CharTransformer(chars=20_000, eval_batches=1)
     for recipe in ("fp8", "mxfp8"):  # mxfp8: the vocabulary of the head is padded to a multiple of 32
@@ -131,6 +132,7 @@ def test_the_transformer_trains_in_fp8_with_every_linear_layer_cast() -> None:
 
 
 # ---- what FP8 costs the digits MLP ------------------------------------------------------------------------------
+@pytest.mark.long_run
 def test_fp8_ends_within_one_point_of_fp32_on_the_digits(capsys: pytest.CaptureFixture[str]) -> None:
     task = tasks.DigitsMLP()
     steps = 1500  # the demo's run
@@ -173,12 +175,24 @@ def test_a_nan_or_inf_is_cast_to_nan_skips_its_step_holds_the_scale_and_is_repor
     events = result.fp8["nonfinite"]
     assert {"step": 5, "tensor": "0.input", "values": 1} in events and {e["step"] for e in events} == {5}
     assert result.fp8["tensors"]["0.input"]["series"]["nonfinite"][5] == 1
-    if recipe != "mxfp8":  # (MXFP8's floor rule saturates the tops of blocks at every step: nothing to single out)
-        assert result.fp8["tensors"]["0.input"]["series"]["saturated"][5] == 0  # the inf was not saturated to 448
+    assert result.fp8["tensors"]["0.input"]["series"]["saturated"][5] == 0  # the inf was not saturated to 448
+    if recipe != "mxfp8":  # (MXFP8 keeps no scale from step to step)
         casts = setup.fp8.scales.tensors["0.input"].history
         assert casts[5].event == "held" and casts[5].next_scale == casts[4].next_scale
         assert np.isfinite(setup.fp8.scales.tensors["0.input"].amax_history).all()  # the history did not take it
     assert np.isfinite(np.concatenate([p.numpy().ravel() for p in setup.model.parameters()])).all()
+
+
+def test_mxfp8_rounds_block_scales_up_so_that_no_finite_value_saturates() -> None:
+    """Transformer Engine's MXFP8 rule: a block's amax lands in (224, 448], never above E4M3's largest value."""
+    result, setup = run_regime(tasks.DigitsMLP(), "mxfp8", 5, measure_every=1000)
+    assert setup.fp8.settings()["rounding"] == "up"
+    series = [t["series"] for t in result.fp8["tensors"].values()]
+    assert sum(sum(s["saturated"]) for s in series) == 0 and sum(sum(s["flushed"]) for s in series) > 0
+    x = (np.random.default_rng(0).standard_normal((64, 96)) * 2.0 ** np.arange(-10, 14, 0.25)).astype(np.float32)
+    q, _ = setup.fp8.cast("probe", x, "forward", False)
+    assert np.array_equal(q.codes, quantize(x, "mxfp8_e4m3", rounding="up").codes)
+    assert not np.array_equal(q.codes, quantize(x, "mxfp8_e4m3").codes)  # the OCP floor would give other bytes
 
 
 def test_train_names_the_tensor_and_the_step_of_a_nan(monkeypatch: pytest.MonkeyPatch,
@@ -267,6 +281,45 @@ def test_a_stopped_fp8_run_resumes_bit_identical_scales_included(
     results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "run")]
     fp8 = [r["tasks"]["mlp"]["regimes"][recipe]["fp8"] for r in results]
     assert fp8[0] == fp8[1]
+
+
+@pytest.mark.parametrize(("recipe", "stop_at"), [("fp8", 3), ("mxfp8", 1)])
+def test_a_stopped_fp8_transformer_resumes_bit_identical_scales_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recipe: str, stop_at: int
+) -> None:
+    """The transformer's 9 Linear layers (qkv, proj and the MLP's two in each of 2 blocks, the head) each cast an
+    input, a weight and a gradient a step; every one's scale, history and record resumes."""
+    monkeypatch.setattr("tinyamp.experiments.figures.matplotlib_available", lambda: False)
+    common = ["train", "--quiet", "--model", "transformer", "--precision", recipe, "--steps", "6"]
+    assert main([*common, "--out", str(tmp_path / "straight")]) == 0
+    with monkeypatch.context() as m:
+        signal_during_step(m, tasks.CharTransformer, stop_at, signal.SIGTERM)
+        assert main([*common, "--out", str(tmp_path / "run")]) == 143
+    assert main(["train", "--quiet", "--resume", str(tmp_path / "run" / "checkpoint.npz"), "--out",
+                 str(tmp_path / "run")]) == 0  # fmt: skip
+    straight, resumed = (read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run"))
+    tensors = straight["extra"]["fp8"]["tensors"]
+    assert {"blocks.0.attn.qkv.input", "blocks.1.mlp.2.grad_output", "head.weight"} <= set(tensors), sorted(tensors)
+    assert len({name.removesuffix(".T").rsplit(".", 1)[0] for name in tensors}) == 9
+    assert_same_run(straight, resumed, [stop_at + 1])
+    results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "run")]
+    fp8 = [r["tasks"]["transformer"]["regimes"][recipe]["fp8"] for r in results]
+    assert fp8[0] == fp8[1]
+
+
+def test_by_role_adds_every_cast_tensor_to_its_role_and_refuses_a_name_it_cannot_place() -> None:
+    from tinyamp.experiments.fp8_report import by_role, role_of
+
+    result, _ = run_regime(tasks.DigitsMLP(), "mxfp8", 3, measure_every=10**9)
+    fp8 = result.fp8
+    roles = by_role(fp8)
+    assert {role_of(n) for n in fp8["tensors"]} == set(roles) == {"weights", "activations", "gradients"}
+    for key in ("values", "saturated", "flushed", "nonfinite"):  # the roles split the passes' totals
+        assert roles["weights"][key] + roles["activations"][key] == fp8["totals"]["forward"][key]
+        assert roles["gradients"][key] == fp8["totals"]["backward"][key]
+    assert roles["weights"]["values"] == 3 * 2 * (64 * 256 + 256 * 256 + 256 * 10)  # 3 steps, each weight twice (.T)
+    with pytest.raises(ValueError, match=r"'0\.bias' is not a cast tensor's name: it ends in none of weight, input"):
+        role_of("0.bias")
 
 
 def test_results_json_and_the_figure_hold_every_tensors_series(tmp_path: Path) -> None:

@@ -104,6 +104,7 @@ def train(precision: str, x: ta.Tensor, y: ta.Tensor, steps: int = 300) -> tuple
     return final, reports
 
 
+@pytest.mark.long_run
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
 def test_mixed_precision_reaches_the_fp32_loss(precision: str, spiral_data: tuple[ta.Tensor, ta.Tensor]) -> None:
     if precision == "bfloat16":

@@ -157,6 +157,7 @@ def straight_1500(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return read_checkpoint(out / "checkpoint.npz")
 
 
+@pytest.mark.long_run
 @pytest.mark.parametrize(("signum", "delay"), [(signal.SIGINT, 0.0), (signal.SIGTERM, 0.4), (signal.SIGINT, 0.8)])
 def test_a_process_stopped_anywhere_resumes_to_the_straight_runs_weights(
     tmp_path: Path, signum: int, delay: float, straight_1500: dict[str, Any]

@@ -102,6 +102,7 @@ def test_a_run_that_skips_most_of_its_steps_says_so_and_exits_3() -> None:
     assert "297 of 300 steps were skipped for non-finite gradients, more than 50%: the run did not train" in said
 
 
+@pytest.mark.long_run
 @pytest.mark.parametrize(
     "scaler, sentence",
     [
@@ -301,6 +302,7 @@ def regime_of(out: Path) -> dict[str, Any]:
     return json.loads((out / "results.json").read_text())["tasks"]["mlp"]["regimes"]["mixed"]
 
 
+@pytest.mark.long_run
 def test_a_resumed_run_reports_the_whole_run_and_where_it_resumed(tmp_path: Path) -> None:
     steps = ["--steps", "800"]
     straight = tinyamp("train", *steps, "--quiet", "--out", str(tmp_path / "straight"))
@@ -398,6 +400,7 @@ def test_a_program_importing_tinyamp_with_a_bogus_engine_room_setting_gets_the_e
     assert "EngineRoomSettingError: TINYAMP_ENGINE_ROOM='of' is neither on nor off" in done.stderr
 
 
+@pytest.mark.long_run
 def test_a_checkpoint_moved_aside_by_a_run_killed_mid_swap_is_put_back_before_resume_reads_it(tmp_path: Path) -> None:
     run, newer = tmp_path / "run", tmp_path / "newer"
     assert tinyamp("train", "--steps", "4", "--quiet", "--out", str(run)).returncode == 0

@@ -104,6 +104,7 @@ def notebook_tools_available() -> bool:
     return True
 
 
+@pytest.mark.long_run
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=PEAKS_OF_THE_ENGINE_ROOM) if n.startswith("07") else n for n in NAMES]
 )

@@ -188,5 +188,6 @@ def sum_of_squares(g: Any) -> Any:
 KERNELS = (
     "cast", "add", "relu", "relu_backward", "gelu", "gelu_backward", "softmax", "softmax_backward", "layer_norm",
     "layer_norm_backward", "cross_entropy", "cross_entropy_backward", "product", "sum_rows", "scatter_add",
-    "multiply_and_sum_squares_", "sum_of_squares", "scaled_step", "check_in_range",
+    "multiply_and_sum_squares_", "sum_of_squares", "scaled_step", "check_in_range", "fp8_encode", "fp8_amax",
+    "fp8_scaled_cast", "fp8_block_quantize", "fp8_matmul",
 )  # fmt: skip

@@ -4,7 +4,8 @@
 amax of the tensor, the scale it was cast with (MXFP8: the smallest and largest block scale),
 and how many values saturated, flushed to zero or were not finite.  ``totals`` and
 ``sentence`` read the whole run; ``nonfinite_lines`` names each cast that met an inf or a
-NaN.  ``figures.draw_fp8_tensors`` draws the series.
+NaN; ``by_role`` adds them up per role of the tensor in a Linear layer (weights, activations,
+gradients).  ``figures.draw_fp8_tensors`` draws the series.
 """
 
 from __future__ import annotations
@@ -12,6 +13,29 @@ from __future__ import annotations
 from typing import Any
 
 SHOWN_NONFINITE = 5  # casts named one by one; the rest are counted
+
+# A cast tensor's name is "<layer>.<kind>", "<layer>.<kind>.T" for MXFP8's second blocking (along the other axis).
+ROLES = {"weight": "weights", "input": "activations", "grad_output": "gradients"}
+
+
+def role_of(name: str) -> str:
+    """The role of the cast tensor `name` ("blocks.0.mlp.0.weight.T"): "weights", "activations" or "gradients"."""
+    parts = name.split(".")
+    kind = parts[-2] if parts[-1] == "T" else parts[-1]
+    if kind not in ROLES:
+        raise ValueError(f"{name!r} is not a cast tensor's name: it ends in none of {', '.join(ROLES)} (or .T)")
+    return ROLES[kind]
+
+
+def by_role(fp8: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Over the whole run, per role: the values cast, and how many saturated, flushed to zero or were not finite."""
+    out = {role: {"values": 0, "saturated": 0, "flushed": 0, "nonfinite": 0} for role in ROLES.values()}
+    for name, t in fp8["tensors"].items():
+        total = out[role_of(name)]
+        total["values"] += t["values"] * len(t["series"]["amax"])  # values per cast, one cast a step
+        for key in ("saturated", "flushed", "nonfinite"):
+            total[key] += sum(t["series"][key])
+    return out
 
 
 def _percent(part: int, whole: int) -> str:

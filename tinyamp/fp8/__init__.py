@@ -12,7 +12,9 @@ The chapter, in reading order (``CHAPTER``; at most 400 lines, each mechanism on
 Beside it, read next: ``blocks`` (block scaling: MXFP8, MXFP4, NVFP4 and DeepSeek-V3's tiles,
 a scale per block of 16 to 128 x 128 values), a module of its own with a budget of its own
 (at most 150 lines), since the chapter had 17 of its 400 lines left.
-Around them, off the reading path: ``scales`` (a model's tensors by name, a format per pass),
+Around them, off the reading path: ``seam`` (the chapter's casts and product through
+``tinyamp.kernels``, where the engine room answers with the same bits, faster: what the rest
+calls), ``scales`` (a model's tensors by name, a format per pass),
 ``scaling_checks`` (the refusals of bad settings and damaged states), ``tables``, and
 ``training`` with ``training_state``: training with FP8 Linear products (``tinyamp train
 --precision fp8``, ``fp8-current`` or ``mxfp8``) and its scales in a checkpoint.

@@ -5,28 +5,25 @@
     E5M2:     s    eeeee mm     (bias 15; IEEE-like: infinities at s.11111.00; largest 57344)
     E2M1:     s       ee m      (bias 1;  FP4, no infinity, no NaN: 0, 0.5, 1, 1.5, 2, 3, 4, 6)
 
-**Rounding** is ``tinyamp/rounding.py``'s for FP16 with other constants.  This paragraph
-assumes appendix A1 (``tutorials/A1_inside_the_converters.py``, sections 2 and 3), which works
-the trick through for FP16, one number at a time; read it first.  Add to |x| a power of two P
-whose float32 ulp is the format's ulp at |x|: float32 addition then rounds |x| to the format,
-to nearest with ties to even.  Normal |x| = 2^E * 1.f has ulp 2^(E-m) (m mantissa bits), the
-float32 ulp at P = 2^(E+23-m); below the smallest normal 2^(1-bias) the spacing stays
-2^(1-bias-m), so P stops at 2^(1-bias-m+23).  The sum's low 23-m bits then hold M, the rounded
-|x| in format ulps (implicit bit included; a carry into the exponent is M = 2^(m+1)), and
-shifting the sum right by 23-m lays its exponent onto the format's; one subtraction rebiases.
-One formula for normals, subnormals and zero, as for FP16.
+**Rounding** is ``tinyamp/rounding.py``'s for FP16 with other constants.  This paragraph assumes appendix A1
+(``tutorials/A1_inside_the_converters.py``, sections 2 and 3), which works the trick through for FP16, one number at a
+time; read it first.  Add to |x| a power of two P whose float32 ulp is the format's ulp at |x|: float32 addition then
+rounds |x| to the format, to nearest with ties to even.  Normal |x| = 2^E * 1.f has ulp 2^(E-m) (m mantissa bits), the
+float32 ulp at P = 2^(E+23-m); below the smallest normal 2^(1-bias) the spacing stays 2^(1-bias-m), so P stops at
+2^(1-bias-m+23).  The sum's low 23-m bits then hold M, the rounded |x| in format ulps (implicit bit included; a carry
+into the exponent is M = 2^(m+1)), and shifting the sum right by 23-m lays its exponent onto the format's; one
+subtraction rebiases.  One formula for normals, subnormals and zero, as for FP16.
 
-**Saturation.**  The recipes cast with saturation (CUDA's ``__NV_SATFINITE``): clip |x| to the
-largest finite value first, then round, so 465 becomes 448 in E4M3 and infinity becomes the
-largest value; NaN stays NaN.  ml_dtypes' FP8 casts do not saturate: 465 becomes NaN in
-``float8_e4m3fn`` and 61440 infinity in ``float8_e5m2``; its ``float4_e2m1fn``, with neither, does
-(7 and infinity become 6) and casts NaN to a zero, where ``encode`` refuses it (tests/test_fp8_formats.py).
+**Saturation.**  The recipes cast with saturation (CUDA's ``__NV_SATFINITE``): clip |x| to the largest finite value
+first, then round, so 465 becomes 448 in E4M3 and infinity becomes the largest value; NaN stays NaN.  ml_dtypes' FP8
+casts do not saturate: 465 becomes NaN in ``float8_e4m3fn`` and 61440 infinity in ``float8_e5m2``; its
+``float4_e2m1fn``, with neither, does (7 and infinity become 6) and casts NaN to a zero, where ``encode`` refuses it
+(tests/test_fp8_formats.py).
 
-**One byte per value.**  NumPy has no 8-bit float, so an encoded tensor is a ``uint8`` array
-of bit patterns (E2M1 uses the low 4 bits of each byte): ``nbytes`` counts one byte a value,
-as a float16 activation counts two, with no dependency; ``bits.view(ml_dtypes.float8_e4m3fn)``
-reads the same bytes as ml_dtypes' type.  **Decoding** is exact: the magnitude bits shifted
-onto float32's fields read 2^(127-bias) too small, normal and subnormal alike, and one
+**One byte per value.**  NumPy has no 8-bit float, so an encoded tensor is a ``uint8`` array of bit patterns (E2M1 uses
+the low 4 bits of each byte): ``nbytes`` counts one byte a value, as a float16 activation counts two, with no
+dependency; ``bits.view(ml_dtypes.float8_e4m3fn)`` reads the same bytes as ml_dtypes' type.  **Decoding** is exact: the
+magnitude bits shifted onto float32's fields read 2^(127-bias) too small, normal and subnormal alike, and one
 multiplication by that power of two finishes; the table of all 256 (or 16) values is the decoder.
 """
 

@@ -1,21 +1,19 @@
-"""FP8 products: FP8 inputs, exact products, sums in FP32, the output scaled back; and what a
-narrower accumulator does to a long sum, with the promotion to FP32 that repairs it.
+"""FP8 products: FP8 inputs, exact products, sums in FP32, the output scaled back; and what a narrower accumulator does
+to a long sum, with the promotion to FP32 that repairs it.
 
-An E4M3 value has at most 4 significant bits and an E5M2 value 3, so the product of two has at
-most 8: exact in float32, whose significand has 24, and inside its normal range (from
-2^-16 * 2^-16 = 2^-32 up to 57344^2, about 3.3e9).  Decoding is exact too, so with float32
-sums (the default) the only roundings are the additions, as in the FP16 Tensor Core
-contract, and the scaling back: times float32(1 / scale) of each input, the ``scale_inv`` values
+An E4M3 value has at most 4 significant bits and an E5M2 value 3, so the product of two has at most 8: exact in
+float32, whose significand has 24, and inside its normal range (from 2^-16 * 2^-16 = 2^-32 up to 57344^2, about
+3.3e9).  Decoding is exact too, so with float32 sums (the default) the only roundings are the additions, as in the FP16
+Tensor Core contract, and the scaling back: times float32(1 / scale) of each input, the ``scale_inv`` values
 Transformer Engine hands the GEMM (exact for powers of two, short of overflow and underflow).
 
-**Limited accumulation.**  DeepSeek-V3 (2024, section 3.3) reports that Hopper's FP8 Tensor
-Cores keep about 14 bits while accumulating, and promotes each partial sum to FP32 every 128
-products.  The model here: the partial sum keeps `accumulator_bits` significant bits,
-rounded after every product is added (the addition itself in float64, exact while the two
-magnitudes lie within about 2^29 of each other); every `promote_every` products it is added
-to a float32 total and restarts from 0.  ``rounding="toward_zero"`` truncates, as Fasi et
-al. (2021) measured earlier Tensor Cores doing when they align and add; ``"nearest"`` is the
-alternative to compare.  It is a model of the effect, not of the circuit.
+**Limited accumulation.**  DeepSeek-V3 (2024, section 3.3) reports that Hopper's FP8 Tensor Cores keep about 14 bits
+while accumulating, and promotes each partial sum to FP32 every 128 products.  The model here: the partial sum keeps
+`accumulator_bits` significant bits, rounded after every product is added (the addition itself in float64, exact while
+the two magnitudes lie within about 2^29 of each other); every `promote_every` products it is added to a float32 total
+and restarts from 0.  ``rounding="toward_zero"`` truncates, as Fasi et al. (2021) measured earlier Tensor Cores doing
+when they align and add; ``"nearest"`` is the alternative to compare.  It is a model of the effect, not of the
+circuit.
 """
 
 from __future__ import annotations

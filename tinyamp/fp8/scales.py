@@ -1,4 +1,8 @@
-"""A model's FP8 scales: one ``TensorScaling`` per named tensor, its format chosen by its pass."""
+"""A model's FP8 scales: one ``TensorScaling`` per named tensor, its format chosen by its pass.
+
+The tensors are ``seam.TensorScaling``: the chapter's state machine, its passes over the values
+through ``tinyamp.kernels`` (the same bits, faster where the engine room answers).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from tinyamp.fp8 import scaling_checks
-from tinyamp.fp8.scaling import Fp8Tensor, ScalingRecipe, TensorScaling
+from tinyamp.fp8.scaling import Fp8Tensor, ScalingRecipe
+from tinyamp.fp8.seam import TensorScaling
 
 
 class Fp8Scales:

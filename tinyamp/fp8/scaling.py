@@ -16,28 +16,27 @@ held       the amax is 0 (nothing to measure), inf or NaN,      the previous sca
            or the quotient underflows to 0 (a margin of 31+)
 =========  ===================================================  ========================
 
-Two recipes choose the amax.  **Current** scaling measures this tensor now and casts it with the
-scale of its own amax.  **Delayed** scaling (TE's ``DelayedScaling``) casts step t with the scale
-computed at step t-1, then writes step t's amax into a history of the last `amax_history_len` steps
-and reduces it (``"max"``: the largest entry; ``"most_recent"``: the newest) to the scale of step
-t+1.  The first scale is 1.  The cast needs no pass over the tensor before it (the point of the
-recipe), and a spike larger than the history saw saturates until the next step learns it.
-``"HYBRID"`` uses E4M3 for the forward pass and E5M2, with its wider range, for gradients.
+Two recipes choose the amax.  **Current** scaling measures this tensor now and casts it with the scale of its own
+amax.  **Delayed** scaling (TE's ``DelayedScaling``) casts step t with the scale computed at step t-1, then writes step
+t's amax into a history of the last `amax_history_len` steps and reduces it (``"max"``: the largest entry;
+``"most_recent"``: the newest) to the scale of step t+1.  The first scale is 1.  The cast needs no pass over the tensor
+before it (the point of the recipe), and a spike larger than the history saw saturates until the next step learns
+it.  ``"HYBRID"`` uses E4M3 for the forward pass and E5M2, with its wider range, for gradients.
 
 Which of Transformer Engine's behaviours this follows: the rule of its per-tensor kernel
-(``common/recipe/delayed_scaling.cu``): ``FP8_MAX * 2^-margin`` rounded to float32, then one
-float32 division; an amax of 0, inf or NaN keeps the previous scale; an infinite scale becomes
-float32's max (a quotient that underflows to 0 keeps the previous scale: tinyamp's own guard, as a
-scale of 0 would zero every value); every step's amax enters the history, zero included, and pushes
-the oldest entry out (TE's bulk kernel, in the same file, instead neither rolls the history nor
-updates the scale for a step amax of 0).  A step whose amax is NaN or inf holds the scale and leaves
-the history as it was; TE writes it, and its ``"max"``, an ``fmaxf``, skips a NaN but not an inf,
-which then holds every scale at its stale value for the whole window while values clip: a history
-here holds only amaxes that define a scale, and one holding a NaN or an inf is refused on loading.
-A non-finite input value is cast to NaN, counted and reported with its tensor and step; TE's
-satfinite cast makes an inf the largest value, a finite number wrong by an unbounded factor that
-carries an overflow unseen into the product; a NaN reaches the loss scaler's check, which skips the step.
-The cast multiplies in float32 and dequantizing multiplies by float32(1 / scale), TE's ``scale_inv``.
+(``common/recipe/delayed_scaling.cu``): ``FP8_MAX * 2^-margin`` rounded to float32, then one float32 division; an amax
+of 0, inf or NaN keeps the previous scale; an infinite scale becomes float32's max (a quotient that underflows to 0
+keeps the previous scale: tinyamp's own guard, as a scale of 0 would zero every value); every step's amax enters the
+history, zero included, and pushes the oldest entry out (TE's bulk kernel, in the same file, instead neither rolls the
+history nor updates the scale for a step amax of 0).  A step whose amax is NaN or inf holds the scale and leaves the
+history as it was; TE writes it, and its ``"max"``, an ``fmaxf``, skips a NaN but not an inf, which then holds every
+scale at its stale value for the whole window while values clip: a history here holds only amaxes that define a scale,
+and one holding a NaN or an inf is refused on loading.  A non-finite input value is cast to NaN, counted and reported
+with its tensor and step; TE's satfinite cast makes an inf the largest value, a finite number wrong by an unbounded
+factor that carries an overflow unseen into the product; a NaN reaches the loss scaler's check, which skips the
+step.  The cast multiplies in float32 and dequantizing multiplies by float32(1 / scale), TE's ``scale_inv``.  The two
+passes over the values are methods (``amax_of``, ``cast_counted``) so that ``seam.py``, off the reading path, can run
+them faster, to the same bits.
 """
 
 from __future__ import annotations
@@ -132,17 +131,10 @@ class TensorScaling:
         """Cast `x` (float16 or float32) to FP8 with this tensor's scale, count what the cast did, update."""
         x = scaling_checks.checked_input(self.name, x)
         fmt, margin, step = self.format, self.recipe.margin, len(self.history)
-        amax = float(np.max(np.abs(x))) if x.size else 0.0  # NaN when x holds a NaN
-        scale, event = self.scale, None
+        amax, scale, event = self.amax_of(x), self.scale, None  # amax: NaN when x holds a NaN
         if self.recipe.recipe == "current":
             scale, event = next_scale(amax, self.scale, fmt.max, margin)
-        with np.errstate(over="ignore", invalid="ignore"):
-            scaled = x.astype(np.float32) * np.float32(scale)  # a finite value may overflow: saturated below
-        bits = encode(scaled, fmt)
-        finite = np.isfinite(x)
-        bits[~finite] = fmt.nan_bits  # never the largest value: the input was not a number
-        saturated = int(np.count_nonzero(finite & ~(np.abs(scaled) <= fmt.max)))
-        flushed = int(np.count_nonzero(finite & (x != 0) & ((bits & 0x7F) == 0)))
+        bits, saturated, flushed, nonfinite = self.cast_counted(x, scale)
         if np.isfinite(amax):
             self.amax_history = np.append(self.amax_history[1:], np.float32(amax))  # the window rolls
         if self.recipe.recipe == "delayed":  # the next cast's scale, from the history
@@ -151,9 +143,22 @@ class TensorScaling:
             self.scale, event = next_scale(reduced, self.scale, fmt.max, margin)
         else:
             self.scale = scale
-        nonfinite = x.size - int(np.count_nonzero(finite))
         self.history.append(CastEvent(step, amax, scale, self.scale, event, saturated, flushed, nonfinite))
         return Fp8Tensor(bits, fmt, scale)
+
+    def amax_of(self, x: np.ndarray) -> float:
+        """max |x| as a float: 0 for an empty x, NaN when x holds a NaN."""
+        return float(np.max(np.abs(x))) if x.size else 0.0
+
+    def cast_counted(self, x: np.ndarray, scale: float) -> tuple[np.ndarray, int, int, int]:
+        """x * scale in FP8, inf and NaN inputs to NaN; and how many values saturated, flushed to 0, were not finite."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = x.astype(np.float32) * np.float32(scale)  # a finite value may overflow: saturated below
+        bits, finite = encode(scaled, self.format), np.isfinite(x)
+        bits[~finite] = self.format.nan_bits  # never the largest value: the input was not a number
+        saturated = int(np.count_nonzero(finite & ~(np.abs(scaled) <= self.format.max)))
+        flushed = int(np.count_nonzero(finite & (x != 0) & ((bits & 0x7F) == 0)))
+        return bits, saturated, flushed, x.size - int(np.count_nonzero(finite))
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the next casts depend on, as plain Python values."""

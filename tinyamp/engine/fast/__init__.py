@@ -9,13 +9,15 @@ case back with ``NotImplemented``.
   numba (``casts_numba``); 16-bit adds through them;
 * ``bits16``: ReLU and its backward on 16-bit bit patterns;
 * ``sums``: a large float32 gradient's sum of squares in float32 rows, within a stated bound;
+* ``fp8``: the FP8 chapter's casts (encode, the counted per-tensor cast, block scaling) and its
+  product, the same bits in compiled loops (``fp8_numba``), for ``tinyamp/fp8/seam.py``;
 * ``allocator``: ``keep_freed_memory()``, which stops glibc handing a step's memory back to
   the kernel between steps (a process-wide setting, so only called on request).
 """
 
 from __future__ import annotations
 
-from tinyamp.engine.fast import bits16, casts, sums
+from tinyamp.engine.fast import bits16, casts, fp8, sums
 from tinyamp.engine.fast.allocator import keep_freed_memory
 
 IMPLEMENTATIONS = {
@@ -24,7 +26,12 @@ IMPLEMENTATIONS = {
     "relu": bits16.relu_kernel,
     "relu_backward": bits16.relu_backward_kernel,
     "sum_of_squares": sums.sum_of_squares,
+    "fp8_encode": fp8.encode,
+    "fp8_amax": fp8.amax,
+    "fp8_scaled_cast": fp8.scaled_cast,
+    "fp8_block_quantize": fp8.block_quantize,
+    "fp8_matmul": fp8.fp8_matmul,
 }
 # tinyamp/__init__.py registers them behind tinyamp.kernels
 
-__all__ = ["IMPLEMENTATIONS", "keep_freed_memory", "casts", "bits16", "sums"]
+__all__ = ["IMPLEMENTATIONS", "keep_freed_memory", "casts", "bits16", "fp8", "sums"]
