@@ -11,12 +11,16 @@ from typing import Any
 
 from tinyamp.exercises import holes
 from tinyamp.exercises.catalog import EXERCISES, find
+from tinyamp.exercises.grading import FAILED  # noqa: F401  (for the tests that grade with grade_remote)
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = [e.id for e in EXERCISES]
 
 
 def module_of(kind: str, module: str) -> Any:
+    """graders/<module>.py of the package, or the reference solution (tests/exercise_solutions/, not in the package)."""
+    if kind == "solutions":
+        return importlib.import_module(f"exercise_solutions.{module}")
     return importlib.import_module(f"tinyamp.exercises.{kind}.{module}")
 
 
@@ -36,3 +40,41 @@ def solution(exercise_id: str) -> Any:
 def grader(exercise_id: str) -> Callable[[Any, int], None]:
     e = find(exercise_id)
     return getattr(module_of("graders", e.module), e.grader)
+
+
+def grade_remote(exercise: Any, workspace: Path, deep: bool = False) -> Any:
+    """``grading.grade`` as ``tinyamp exercises check`` runs it: the student's code in a forked process of its own,
+    every call a message (``remote``); the verdict here.  (No copy, no limits: those are ``isolation``'s.)"""
+    import json
+    import multiprocessing
+    import warnings
+
+    from tinyamp.exercises.grading import grade, preload
+    from tinyamp.exercises.remote import Student
+
+    preload([exercise])  # the graders register their harnesses: the student's process starts with them
+    mine, theirs = multiprocessing.get_context("fork").Pipe(duplex=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads (Python 3.12+)
+        process = multiprocessing.get_context("fork").Process(target=_serve, args=(theirs, Path(workspace)))
+        process.start()
+    theirs.close()
+    try:
+        source = (Path(workspace) / exercise.path).read_text()
+        return grade(exercise, Path(workspace), deep=deep, student=Student(mine), source=source)
+    finally:
+        try:
+            mine.send_bytes(json.dumps({"op": "quit"}).encode())
+        except OSError:
+            pass
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        mine.close()
+
+
+def _serve(connection: Any, workspace: Path) -> None:
+    from tinyamp.exercises.remote import Server
+
+    Server(connection, workspace).serve()

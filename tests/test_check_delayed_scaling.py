@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from exercise_solutions.eight_bits import DelayedScaling  # tests/exercise_solutions/, not in the package
 
-from tinyamp.exercises.solutions.eight_bits import DelayedScaling
 from tinyamp.fp8 import E4M3, E5M2, ScalingRecipe, TensorScaling
 from tinyamp.testing import check_delayed_scaling
 from tinyamp.testing.counterexamples import same_examples_every_run

@@ -15,17 +15,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from exercise_helpers import IDS, ROOT, grader, solution
+from exercise_helpers import IDS, ROOT, grade_remote, grader, solution
+from exercise_solutions import data_parallel as data_parallel_solutions
+from exercise_solutions import loss_scaling as scaling_solutions
+from exercise_solutions import master_weights as master_solutions
+from exercise_solutions import op_policy as policy_solutions
+from exercise_solutions.checkpointing import CheckpointedSegment
 
 from tinyamp.exercises import command, holes
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE, find
 from tinyamp.exercises.graders.master_weights import check_one_update, half_gap
 from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED, float16_conversion, grade, tinyamp_names_used
-from tinyamp.exercises.solutions import data_parallel as data_parallel_solutions
-from tinyamp.exercises.solutions import loss_scaling as scaling_solutions
-from tinyamp.exercises.solutions import master_weights as master_solutions
-from tinyamp.exercises.solutions import op_policy as policy_solutions
-from tinyamp.exercises.solutions.checkpointing import CheckpointedSegment
 from tinyamp.exercises.source_checks import float8_mention
 from tinyamp.exercises.workspace import write_workspace
 from tinyamp.function import Function
@@ -646,7 +646,7 @@ def test_grading_fails_code_that_is_not_the_students(
     tmp_path: Path, module: str, source: str, exercise_id: str, match: str
 ) -> None:
     workspace = replaced(stub_workspace(tmp_path), module, source)
-    result = grade(find(exercise_id), workspace)
+    result = grade_remote(find(exercise_id), workspace)
     assert result.status == FAILED
     assert result.message == " ".join(result.message.split())  # one line, for the table
     assert re.search(match, result.message), result.message
@@ -789,7 +789,7 @@ def test_pytest_markers_select_one_exercise_in_a_workspace(tmp_path: Path) -> No
 
 def test_the_graded_solutions_import_only_what_a_student_may() -> None:
     for e in EXERCISES:
-        source = (ROOT / f"tinyamp/exercises/solutions/{e.module}.py").read_text()
+        source = (ROOT / f"tests/exercise_solutions/{e.module}.py").read_text()
         assert not [n for n in tinyamp_names_used(source, e.name) if any(n.startswith(f) for f in e.forbidden)]
         if e.no_float16_casts:
             assert float16_conversion(source, e.name) == ""

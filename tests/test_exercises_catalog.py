@@ -149,9 +149,9 @@ def test_the_syllabus_says_how_long_the_reading_for_exercises_1_1_4_1_5_1_and_5_
 
 
 def test_each_exercise_is_written_once_and_its_stub_is_the_solution_with_holes() -> None:
-    """solutions/ is the only source: the stub is the solution with each marked answer cut out, and both
-    texts are free of the markers; everything outside the marks is the same, line for line."""
-    names = {p.name for p in (ROOT / "tinyamp/exercises/solutions").glob("*.py")}
+    """tests/exercise_solutions/ is the only source: the stub is the solution with each marked answer cut out, and
+    both texts are free of the markers; everything outside the marks is the same, line for line."""
+    names = {p.name for p in holes.SOLUTIONS.glob("*.py")}
     assert names == {"__init__.py", *(f"{e.module}.py" for e in EXERCISES)}
     assert not (ROOT / "tinyamp/exercises/template").exists()
     for module in sorted({e.module for e in EXERCISES}):
@@ -181,10 +181,10 @@ def test_a_marker_left_open_or_crossed_is_an_error_that_names_the_line(monkeypat
 
     marked('"""Doc."""\ndef f():\n    # >>> exercise 1.1\n    return 1\n')
     with pytest.raises(ValueError, match=r"'exercise 1\.1' is never closed"):
-        holes.stub("formats")
+        holes.cut("formats")
     marked('"""Doc."""\ndef f():\n    # >>> exercise 1.1\n    # <<< solution only\n')
     with pytest.raises(ValueError, match=r"line 4: '# <<< solution only' does not close 'exercise 1\.1'"):
-        holes.stub("formats")
+        holes.cut("formats")
 
 
 # ---- what to read first: one source, the catalog ---------------------------------------------------------------

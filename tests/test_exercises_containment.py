@@ -139,14 +139,15 @@ def test_the_reference_solution_loaded_through_a_helper_module_fails(solutions: 
     reference solution is caught by the modules the grading loaded."""
     write_workspace(solutions.parent / "stubs")
     stubs = solutions.parent / "stubs"
-    (stubs / PACKAGE / "helper.py").write_text("from tinyamp.exercises.solutions import backward as b\n")
+    (stubs / PACKAGE / "helper.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                                               "from exercise_solutions import backward as b\n")  # a checkout's
     path = stubs / PACKAGE / "backward.py"
     source = path.read_text()
     path.write_text(source.replace("import numpy as np\n", "import numpy as np\n\nfrom myamp import helper\n", 1)
                     .replace("    raise NotImplementedError", "    return helper.b.softmax_backward(y, g, axis)\n"
                              "    raise NotImplementedError", 1))  # fmt: skip
     done = check(stubs, "2.1")
-    assert ("your code loaded tinyamp.exercises.solutions.backward, tinyamp's reference solution: write it "
+    assert ("your code loaded exercise_solutions.backward, tinyamp's reference solution: write it "
             "yourself") in row(done.stdout, "2.1"), done.stdout  # fmt: skip
 
 

@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 
 import pytest
+from exercise_helpers import FAILED, grade_remote
 
 from tinyamp.exercises.catalog import PACKAGE, find
-from tinyamp.exercises.grading import FAILED, grade
 from tinyamp.exercises.workspace import write_workspace
 
 pytestmark = pytest.mark.cli
@@ -773,7 +773,7 @@ MUTANTS: list[tuple[str, str, str, str, str]] = [
 
 def mutant_source(exercise_id: str, old: str, new: str) -> str:
     """The reference solution's module with `old` replaced by `new` (once: the edit must be unambiguous)."""
-    source = (ROOT / f"tinyamp/exercises/solutions/{find(exercise_id).module}.py").read_text()
+    source = (ROOT / f"tests/exercise_solutions/{find(exercise_id).module}.py").read_text()
     assert source.count(old) == 1, f"{exercise_id}: {old!r} occurs {source.count(old)} times in the solution"
     return source.replace(old, new)
 
@@ -795,6 +795,6 @@ def test_each_plausible_wrong_solution_fails_with_the_rule_it_broke(
 def fails_with_its_reason(stubs: Path, exercise_id: str, wrong: str, old: str, new: str, reason: str) -> None:
     exercise = find(exercise_id)
     (stubs / PACKAGE / f"{exercise.module}.py").write_text(mutant_source(exercise_id, old, new))
-    result = grade(exercise, stubs)
+    result = grade_remote(exercise, stubs)  # as the command grades: the student's code in a process of its own
     assert result.status == FAILED, f"{wrong}: graded {result.status}"
     assert re.search(reason, result.message), result.message

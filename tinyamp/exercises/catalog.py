@@ -27,7 +27,7 @@ class Exercise:
     id: str  # "ex5_1": the pytest marker and the value of --only
     number: str  # "5.1": the tutorial's number, then the exercise's
     title: str
-    module: str  # myamp/<module>.py in the workspace; tinyamp/exercises/{solutions,graders}/<module>.py
+    module: str  # myamp/<module>.py; tinyamp/exercises/{stubs,graders}/<module>.py, tests/exercise_solutions/
     name: str  # the function or class the student writes, and the grader checks
     grader: str  # the function in graders/<module>.py
     tutorial: str  # the tutorial file and the sections to read

@@ -71,7 +71,8 @@ def add_parser(subparsers: Any) -> None:
     listing.add_argument("directory", metavar="DIR", nargs="?", help="a workspace: its files are read, never run")
     init = sub.add_parser("init", help="write a student workspace into DIR", epilog=INIT_EXIT_STATUS)
     init.add_argument("directory", metavar="DIR", help="the folder to write (created; never written over)")
-    init.add_argument("--solutions", action="store_true", help="write the reference solutions (for instructors)")
+    init.add_argument("--solutions", action="store_true", help="write the reference solutions (for instructors, "
+                      "from a checkout of the tinyamp repository: an installed tinyamp holds none)")  # fmt: skip
     check = sub.add_parser("check", help="grade a workspace and print the table", epilog=EXIT_STATUS)
     check.add_argument("directory", metavar="DIR", nargs="?", default=".", help="the workspace (default: here)")
     check.add_argument("--only", metavar="ID", action="append",

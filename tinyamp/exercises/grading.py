@@ -3,11 +3,16 @@
 The result is passed, not started (the stub still raises NotImplementedError) or failed,
 with the first counterexample in words and the student's line: where their code raised,
 or else the definition that gave the wrong value.  ``tinyamp exercises check`` calls
-``grade`` in a child process per exercise (``isolation``), never in its own.  A normal
+``grade`` in a grader process per exercise, forked before any student code ran, while the
+student's code runs in a second, contained process (``isolation``): every call the grader makes
+of it travels there and back as plain data (``remote``), so the verdict is decided by tinyamp's
+code alone, from values it checks against its own reference, in a process student code never
+ran in (patching tinyamp, NumPy or this module patches the student's process only).  A normal
 check draws the same examples on every run, so the same code always gets the same verdict;
 ``--deep`` draws new random ones, ten times as many, to look further.  Before the grader
-runs, its source is read (``source_checks``): the graded function or class is defined in the
-workspace's file (not imported from tinyamp); it reaches no name the reader cannot follow
+runs, its source is read (``source_checks``, on the file as it was before any student code ran):
+the graded function or class is defined in the workspace's file (the student's process says
+where it was defined, this one decides; not imported from tinyamp); it reaches no name the reader cannot follow
 (``getattr`` or an import with a computed name, ``eval``); it does not use tinyamp's own
 implementation of the mechanism (the exercise's ``forbidden`` names, followed through imports,
 aliases, helpers, ``importlib`` and ``__import__``); and, for exercises about rounding by hand,
@@ -20,7 +25,6 @@ import importlib
 import inspect
 import sys
 import time
-import traceback
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ import numpy as np
 
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise
 from tinyamp.exercises.source_checks import dynamic_access, float8_mention, float16_conversion, tinyamp_names_used
+from tinyamp.exercises.student_lines import _chain, _first_line, raised_at, student_line  # noqa: F401  (their home)
 
 PASSED, NOT_STARTED, FAILED = "passed", "not started", "failed"
 
@@ -49,21 +54,34 @@ class NotTheirs(Exception):
     """The graded name is missing, imported, or built on tinyamp's own implementation."""
 
 
-def grade(exercise: Exercise, workspace: Path, deep: bool = False) -> Result:
-    """Grade `exercise` in `workspace` (hypothesis examples: the exercise's budget, DEEP times it with `deep`)."""
+def grade(exercise: Exercise, workspace: Path, deep: bool = False, student: Any = None, source: str | None = None
+          ) -> Result:  # fmt: skip
+    """Grade `exercise` in `workspace` (hypothesis examples: the exercise's budget, DEEP times it with `deep`).
+
+    With `student` (a ``remote.Student``, the grader's end of the pipe to the student's process) the
+    student's code runs there and `source` is the text of their file, read before their process
+    started; without it, it is imported into this process (tests of the graders do that).
+    """
+    from tinyamp.exercises.remote import GradingEnded
     from tinyamp.testing.counterexamples import same_examples_every_run  # hypothesis loads only to grade
 
     start, workspace, definition = time.perf_counter(), Path(workspace), ""
     # the grader is fetched before the student's module runs: code that replaces it on import comes too late
     grader = getattr(importlib.import_module(f"tinyamp.exercises.graders.{exercise.module}"), exercise.grader)
     try:
-        graded = load(exercise, workspace)
-        definition = f"{exercise.name}, {exercise.path}:{_first_line(graded)}"
+        if student is None:
+            graded = load(exercise, workspace)
+            definition = f"{exercise.name}, {exercise.path}:{_first_line(graded)}"
+        else:
+            graded, line = load_remote(exercise, workspace, student, source)
+            definition = f"{exercise.name}, {exercise.path}:{line}"
         with np.errstate(all="ignore"), warnings.catch_warnings(), same_examples_every_run(not deep):
             warnings.simplefilter("ignore")  # a student's overflow warnings are not the verdict
             grader(graded, exercise.examples * (DEEP if deep else 1))
     except NotImplementedError as exc:
         return Result(exercise, NOT_STARTED, str(exc) or "raises NotImplementedError", time.perf_counter() - start)
+    except GradingEnded as exc:  # a result that is not plain data, sys.exit: the sentence says it
+        return Result(exercise, FAILED, exc.sentence, time.perf_counter() - start)
     except Exception as exc:  # a counterexample, code that is not theirs, or their exception the grader stopped on
         return Result(exercise, FAILED, failure(exc, workspace, definition), time.perf_counter() - start)
     return Result(exercise, PASSED, "", time.perf_counter() - start)
@@ -86,73 +104,22 @@ def failure(exc: Exception, workspace: Path, definition: str) -> str:
     return f"{message} ({definition})" if definition and not isinstance(exc, NotTheirs) else message
 
 
-def aborted(exc: BaseException, workspace: Path) -> str:
-    """The reason when student code ended the grading itself: sys.exit, KeyboardInterrupt, another BaseException."""
-    where = raised_at(exc, workspace)
-    at = f" at {where}" if where else ""
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r}){at}: a graded function must return, not end the program"
-    text = _one_line(exc)
-    return f"raised {type(exc).__name__}{f': {text}' if text else ''}{at}"
-
-
-def raised_at(exc: BaseException, workspace: Path) -> str:
-    """Where student code raised `exc` (or the exception that caused it): "myamp/backward.py:12", "" if not theirs.
-
-    The innermost exception of the chain that passed through the workspace's files, its deepest frame there;
-    for a SyntaxError, the line that does not parse (no frame of the student's file ran).
-    """
-    for e in reversed(_chain(exc)):
-        frames = traceback.extract_tb(e.__traceback__)
-        if isinstance(e, SyntaxError) and e.filename:
-            frames = [traceback.FrameSummary(e.filename, e.lineno or 0, "<module>")]
-        where = student_line(frames, workspace)
-        if where:
-            return where
-    return ""
-
-
-def student_line(frames: Iterable[traceback.FrameSummary], workspace: Path) -> str:
-    """The last of `frames` in a file inside `workspace`, as "myamp/backward.py:12" ("" if none is)."""
-    root = Path(workspace).resolve()
-    found = ""
-    for frame in frames:
-        if frame.filename.startswith("<"):  # "<string>", "<frozen importlib._bootstrap>": no file, although
-            continue  # resolved against the current folder (the workspace, while grading) it would name one there
-        try:
-            relative = Path(frame.filename).resolve().relative_to(root)
-        except (OSError, ValueError):  # a file elsewhere (the grader, numpy)
-            continue
-        found = f"{relative.as_posix()}:{frame.lineno}"
-    return found
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc`, then what caused it, then what caused that...: outermost first."""
-    chain: list[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
-
-
-def _first_line(graded: Any) -> int:
-    try:
-        return inspect.getsourcelines(graded)[1]
-    except (OSError, TypeError):
-        return 0
-
-
 def preload(exercises: Iterable[Exercise]) -> None:
     """Import hypothesis and the graders of `exercises` (tinyamp's code only): child processes start with them."""
     import tinyamp.testing.counterexamples  # noqa: F401
+
+    try:  # bfloat16 and the FP8 types: loaded late, it costs every process that needs it half a second
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        pass
 
     for module in dict.fromkeys(e.module for e in exercises):
         importlib.import_module(f"tinyamp.exercises.graders.{module}")
 
 
 def load(exercise: Exercise, workspace: Path) -> Any:
-    """The function or class the exercise grades, imported afresh from the workspace and checked to be the student's."""
+    """The function or class the exercise grades, imported afresh from the workspace into this process and checked
+    to be the student's."""
     path = (workspace / exercise.path).resolve()
     if not path.is_file():
         raise NotTheirs(f"{exercise.path} is missing from {workspace}: is it a workspace (tinyamp exercises init)?")
@@ -161,15 +128,48 @@ def load(exercise: Exercise, workspace: Path) -> Any:
     if graded is None:
         raise NotTheirs(f"{exercise.path} has no {exercise.name}: the grader looks for that name")
     try:
-        source_file = Path(inspect.getsourcefile(graded) or "").resolve()
+        source_file: Path | None = Path(inspect.getsourcefile(graded) or "").resolve()
     except TypeError:
-        raise NotTheirs(f"{exercise.name} in {exercise.path} must be a function or class defined there") from None
+        source_file = None
+    check_source(exercise, path, source_file, path.read_text())
+    return graded
+
+
+def load_remote(exercise: Exercise, workspace: Path, student: Any, source: str | None) -> tuple[Any, int]:
+    """The proxy of the graded function or class in the student's process, and the line of its definition.
+
+    Their process imports the module and says where the name was defined; this process decides: the
+    checks of ``load``, on `source`, the file as it was before their code ran.
+    """
+    from tinyamp.exercises.remote import Remote
+
+    path = (workspace / exercise.path).resolve()
+    if source is None:
+        raise NotTheirs(f"{exercise.path} is missing from {workspace}: is it a workspace (tinyamp exercises init)?")
+    try:
+        info = student.ask({"op": "load", "module": exercise.module, "name": exercise.name})
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # a syntax error, a failed import: the student's file does not load
+        raise NotTheirs(f"{PACKAGE}/{exercise.module}.py does not import: {type(exc).__name__}: {exc}") from exc
+    if type(info) is not dict or not info.get("found"):
+        raise NotTheirs(f"{exercise.path} has no {exercise.name}: the grader looks for that name")
+    file = info.get("file")
+    check_source(exercise, path, Path(file) if type(file) is str and info.get("kind") != "other" else None, source)
+    line = info.get("line")
+    return Remote(student, 0, exercise.name), line if type(line) is int else 0
+
+
+def check_source(exercise: Exercise, path: Path, source_file: Path | None, source: str) -> None:
+    """NotTheirs unless the graded name was defined in `path` (`source_file`, None if it is no function or class)
+    and its `source` uses nothing the exercise forbids."""
+    if source_file is None:
+        raise NotTheirs(f"{exercise.name} in {exercise.path} must be a function or class defined there")
     if source_file != path:
         raise NotTheirs(
             f"{exercise.name} in {exercise.path} is not yours: it comes from {source_file}. Write it in "
             f"{exercise.path}; the grader grades the code there"
         )
-    source = path.read_text()
     dynamic = dynamic_access(source, exercise.name)
     if dynamic:
         raise NotTheirs(
@@ -204,7 +204,6 @@ def load(exercise: Exercise, workspace: Path) -> Any:
                 f"{exercise.name} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
                 f"{exercise.by_hand}"
             )
-    return graded
 
 
 def _fresh_import(workspace: Path, module: str) -> Any:

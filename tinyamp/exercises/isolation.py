@@ -1,22 +1,31 @@
-"""Grading each exercise in a child process: student code can end, hang or break only its own exercise.
+"""Grading each exercise in child processes: student code can end, hang or break only its own exercise, and
+cannot forge its grade.
 
-For each exercise the parent copies the workspace into a throwaway folder and starts a child
-process, which imports the student's code from that copy and runs the grader on it.  The parent
-never imports student code, and it alone decides the verdict:
+For each exercise the parent copies the workspace into a throwaway folder, reads the student's
+file, and starts two child processes: the *grader*, forked before any student code runs, and the
+*student's process*, which imports the student's code from the copy and answers the grader's
+calls (``remote``): arguments and results travel as plain data (JSON; arrays as .npy bytes), so
+the grader compares values it decoded itself with its own reference, and what student code
+patches (tinyamp, NumPy, this package) is patched in the student's process only.  The grader
+sends the verdict to the parent; neither the parent nor the grader ever runs student code, and
+the student's process never holds the writing end of the verdict.  The parent decides:
 
-* the child sent a result and then ended normally: that result (passed, not started, failed);
-* the child ran past the time limit: failed, "still running after 60 s: an infinite loop?";
-* student code called ``sys.exit``, ``os._exit`` or raised a ``BaseException`` such as
-  ``KeyboardInterrupt``: failed, with the call and the student's line;
-* the child died of a signal, or ended with no result: failed, with the signal or the status.
+* the grader sent a result and the student's process then ended normally: that result;
+* either ran past the time limit: failed, "still running after 60 s: an infinite loop?";
+* student code called ``sys.exit`` or raised a ``BaseException`` such as ``KeyboardInterrupt``:
+  failed, with the call and the student's line (the grader's sentence); ``os._exit``: the same, from
+  the note the student's process sends before it ends;
+* the student's process sent a reply that is not plain data, too large, or not a reply at all:
+  failed, with the grader's sentence;
+* it died of a signal, or ended with no verdict: failed, with the signal or the status.
 
 Limits: a time limit per exercise (``DEFAULT_TIMEOUT`` seconds, ``DEEP`` times it with ``--deep``),
-and on Linux a memory limit (``RLIMIT_AS``): the address space the child holds when it starts, plus
-``DEFAULT_MEMORY_GIB``; ``containment`` adds the rest (limits the child cannot raise, every process it
-starts killed with it, no standard input, a warning when the grader runs as root).  The throwaway copy
-means a student's code that deletes or rewrites files changes only the copy it was given: never the
-workspace, never another exercise's copy.  The child's one message back is JSON, read with a length
-limit: a pickle would run whatever code it names in the grading command itself.
+and on Linux a memory limit (``RLIMIT_AS``) on the student's process: the address space it holds when
+it starts, plus ``DEFAULT_MEMORY_GIB``; ``containment`` adds the rest (limits it cannot raise, every
+process it starts killed with it, no standard input, a warning when the grader runs as root).  The
+throwaway copy means a student's code that deletes or rewrites files changes only the copy it was
+given: never the workspace, never another exercise's copy.  Every message is JSON, read with a
+length limit: a pickle would run whatever code it names in the process that reads it.
 
 Children are forked where the OS can (Linux, macOS): the parent imports numpy, hypothesis and every
 grader once, and each child starts with them already loaded (a fresh interpreter per exercise
@@ -48,7 +57,7 @@ from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
 DEFAULT_TIMEOUT = 60.0  # seconds per exercise; the slowest reference solution takes about 3 s
 DEFAULT_MEMORY_GIB = 2.0  # beyond what the grading process itself holds when the exercise starts
 DEFAULT_JOBS = 2  # exercises graded at once (at most the CPU count)
-MESSAGE_LIMIT = 2**16  # bytes of one message from a child; a verdict needs a few hundred
+MESSAGE_LIMIT = 2**16  # bytes of one verdict from a grader; a verdict needs a few hundred
 IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".hypothesis", ".pytest_cache", ".venv", "venv")
 
 
@@ -106,12 +115,12 @@ def grade_isolated(
                 if not running:
                     continue
                 soonest = min(child.deadline for child in running)
-                wait([c.process.sentinel for c in running] + [c.receive for c in running if not c.ended],
-                     max(0.0, min(soonest - time.monotonic(), CENSUS_EVERY)))  # fmt: skip
+                wait([s for c in running for s in c.sentinels()], max(0.0, min(soonest - time.monotonic(),
+                                                                               CENSUS_EVERY)))  # fmt: skip
                 for child in list(running):
                     child.drain()
                     child.census()
-                    if child.forked_too_often or not child.process.is_alive() or time.monotonic() >= child.deadline:
+                    if child.done():
                         done[child.exercise.id] = child.finish()
                         running.remove(child)
                         containment.kill_orphans(containment.STARTED)
@@ -172,7 +181,8 @@ def _first_error(exc: BaseException) -> str:
 
 
 class Child:
-    """One exercise's child process, its throwaway copy of the workspace, and what it has said so far."""
+    """One exercise's two processes (the student's code, and its grader), its throwaway copy of the workspace, and
+    what the grader has said so far."""
 
     def __init__(self, context: Any, exercise: Exercise, workspace: Path, deep: bool, limits: Limits) -> None:
         self.exercise, self.limits, self.shown = exercise, limits, str(workspace)
@@ -187,26 +197,50 @@ class Child:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.copy = str(copy)
-        self.receive, send = context.Pipe(duplex=False)
-        self.process = context.Process(
-            target=_child,
-            args=(exercise.id, str(copy), deep, limits.memory_bytes, send),
-            name=f"grade-{exercise.id}",
-        )
+        try:  # read before any student code runs: the source checks read the file as it was handed in
+            source: str | None = (copy / exercise.path).read_text()
+        except (OSError, UnicodeDecodeError):
+            source = None
+        self.receive, send = context.Pipe(duplex=False)  # grader -> this process: the verdict
+        VERDICTS.add(self.receive.fileno())
+        grader_end, student_end = context.Pipe(duplex=True)  # grader <-> student: requests and replies
+        self.grader = context.Process(target=_grader, name=f"grader-{exercise.id}",
+                                      args=(exercise.id, str(copy), deep, limits.memory_bytes, source, grader_end,
+                                            send, student_end))  # fmt: skip
+        self.process = context.Process(target=_student, name=f"grade-{exercise.id}",
+                                       args=(str(copy), limits.memory_bytes, student_end))  # fmt: skip
         self.start = time.monotonic()
         with warnings.catch_warnings(), _signals_held():  # Python 3.12+ warns of forking with threads (numpy's
             warnings.simplefilter("ignore", DeprecationWarning)  # idle BLAS pool); held: no child started unseen
+            self.grader.start()
+            containment.STARTED.add(self.grader.pid)
+            send.close()  # the grader holds the only writing end of the verdict: the student's process never has it
+            grader_end.close()
             self.process.start()
             containment.STARTED.add(self.process.pid)
-        send.close()  # the child holds the only writing end: its death reads as the end of the pipe
+        student_end.close()  # the student's process holds the only other end: its death reads as the end of the pipe
         self.deadline = self.start + limits.seconds
         self.messages: dict[str, Any] = {}
         self.timed_out = False
         self.forked_too_often = False
-        self.ended = False  # the pipe reached its end: nothing more to wait for on it
+        self.ended = False  # the verdict pipe reached its end: nothing more to wait for on it
+
+    def sentinels(self) -> list[Any]:
+        """What the grading command waits on for this exercise."""
+        return [self.process.sentinel, self.grader.sentinel] + ([self.receive] if not self.ended else [])
+
+    def done(self) -> bool:
+        """Finished: the grader ended and the student's process too (or the grader ended without a verdict,
+        or the exercise ran past its time or forked too often)."""
+        if self.forked_too_often or time.monotonic() >= self.deadline:
+            return True
+        if self.grader.is_alive():
+            return False
+        self.drain()
+        return not self.process.is_alive() or not ({"result", "lost"} & set(self.messages))
 
     def drain(self) -> None:
-        """Read what the child has sent, JSON: {"result": [status, message]} and, before an os._exit, {"exit": why}."""
+        """Read what the grader has sent, JSON: {"result": [status, message]} or {"lost": [why, exit note]}."""
         from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED
 
         try:
@@ -215,37 +249,41 @@ class Child:
                 kind, value = next(iter(message.items()))
                 if kind == "result" and value[0] in (PASSED, NOT_STARTED, FAILED) and isinstance(value[1], str):
                     self.messages.setdefault(kind, (value[0], value[1][:MESSAGE_LIMIT]))
-                elif kind == "exit" and isinstance(value, str):
-                    self.messages.setdefault(kind, value[:MESSAGE_LIMIT])
+                elif kind == "lost" and all(isinstance(v, str) for v in value) and len(value) == 2:
+                    self.messages.setdefault(kind, (value[0][:MESSAGE_LIMIT], value[1][:MESSAGE_LIMIT]))
                 else:
                     raise ValueError("not a message")
         except Exception:  # the end of the pipe, or bytes that are not a message: the verdict says what happened
             self.ended = True
 
     def census(self) -> None:
-        """Count the processes the exercise runs; past PROCESS_LIMIT, it is ended (a fork bomb)."""
+        """Count the processes the student's code runs; past PROCESS_LIMIT, it is ended (a fork bomb)."""
         if self.process.pid is not None and containment.tree_size(self.process.pid) > containment.PROCESS_LIMIT:
             self.forked_too_often = True
 
     def kill(self) -> None:
-        """SIGKILL the child and every process below it (those that left its process group included)."""
-        if self.process.pid is None:
-            return
-        if containment.LINUX:
-            containment.kill_tree(self.process.pid, include_root=self.process.exitcode is None)
-        elif self.process.exitcode is None:
-            self.process.kill()
+        """SIGKILL both processes and every process below them (those that left their process group included)."""
+        for process in (self.process, self.grader):
+            if process.pid is None:
+                continue
+            if containment.LINUX:
+                containment.kill_tree(process.pid, include_root=process.exitcode is None)
+            elif process.exitcode is None:
+                process.kill()
 
     def finish(self) -> Any:
-        """End the child if it still runs, remove its copy, and decide its exercise's Result."""
+        """End the processes if they still run, remove the copy, and decide the exercise's Result."""
         from tinyamp.exercises.grading import Result
 
-        if self.process.is_alive():
+        if (self.process.is_alive() or self.grader.is_alive()) and time.monotonic() >= self.deadline:
             self.timed_out = not self.forked_too_often
-        self.kill()  # also when it ended: what it started may still run
-        self.process.join()
-        containment.STARTED.discard(self.process.pid)
         self.drain()
+        self.kill()  # also when they ended: what they started may still run
+        for process in (self.process, self.grader):
+            process.join()
+            containment.STARTED.discard(process.pid)
+        self.drain()
+        VERDICTS.discard(self.receive.fileno())
         self.receive.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         seconds = time.monotonic() - self.start
@@ -254,7 +292,7 @@ class Child:
         return Result(self.exercise, status, message, min(seconds, self.limits.seconds) if self.timed_out else seconds)
 
     def verdict(self) -> tuple[str, str]:
-        """(status, message) from what the child sent and how it ended."""
+        """(status, message) from what the grader sent and how the student's process ended."""
         from tinyamp.exercises.grading import FAILED
 
         code, result = self.process.exitcode, self.messages.get("result")
@@ -269,61 +307,105 @@ class Child:
                             "allows longer)")  # fmt: skip
         if result is not None and code == 0:
             return result
-        if "exit" in self.messages:
-            return FAILED, self.messages["exit"]
+        why, exit_note = self.messages.get("lost", ("", ""))
+        if why:  # a reply too large or unreadable: the grader's sentence
+            return FAILED, why
+        if exit_note:
+            return FAILED, exit_note
         if code is not None and code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
             why = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in compiled code?)",
                    "SIGXFSZ": f" (a file, or what it printed, reached {containment.OUTPUT_LIMIT // 2**20} MiB: an "
                               "endless print?)"}.get(name, "")  # fmt: skip
             return FAILED, f"the grading process was killed by {name}{why} before a verdict"
+        if result is None and "lost" not in self.messages:
+            return FAILED, (f"the grader ended before a verdict (exit status {self.grader.exitcode}): tinyamp's own "
+                            "error, or your code stopped it")  # fmt: skip
+        if code == 0 and "lost" in self.messages:
+            return FAILED, "your code stopped answering the grader (it closed its end of the pipe?) before a verdict"
         return FAILED, f"the grading process ended with exit status {code} before a verdict (os._exit, or a crash?)"
 
 
-def _child(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, send: Connection) -> None:
-    """In the child: contained (``containment``), the copy as the current folder, the grade, one message back."""
-    from tinyamp.exercises.grading import FAILED, aborted, grade
+VERDICTS: set[int] = set()  # the file descriptors of the verdict pipes the grading command reads now
 
-    root = Path(copy)
+
+def _started_in_a_child() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, not the grading command's handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):  # started while the parent held them (_signals_held)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _student(copy: str, memory_bytes: int | None, connection: Connection) -> None:
+    """The student's process: contained (``containment``), the copy as the current folder, answering the grader."""
+    from tinyamp.exercises.remote import Server, is_solution
+
+    root = Path(copy)
+    for fd in VERDICTS:  # the ends the grading command reads verdicts from, inherited by the fork: not theirs
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _started_in_a_child()
     containment.contain_child(memory_bytes)
     _quiet(root / ".output")  # what student code prints goes to a file in the copy, not into the table
     os.chdir(root)
     sys.dont_write_bytecode = True
-    _report_os_exit(send, root)
-    for name in [n for n in sys.modules if n.startswith("tinyamp.exercises.solutions")]:
+    _report_os_exit(connection, root)
+    for name in [n for n in list(sys.modules) if is_solution(n)]:
         del sys.modules[name]  # so that an import of one, however made, loads it again and is seen
-    loaded = set(sys.modules)
+    Server(connection, root).serve()
+    connection.close()
+
+
+def _grader(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, source: str | None,
+            connection: Connection, send: Connection, student_end: Connection) -> None:  # fmt: skip
+    """The grader's process: forked from the grading command before any student code ran, it never runs any.
+
+    It grades with ``grading.grade``, every call of the student's code a message to the student's process
+    (``remote``), and sends the verdict to the grading command."""
+    from tinyamp.exercises.grading import FAILED, grade
+    from tinyamp.exercises.remote import ChildLost, Student
+
+    student_end.close()  # the student's end is the student's
+    _started_in_a_child()
+    if hasattr(os, "setsid"):
+        os.setsid()  # the terminal's Ctrl-C reaches the grading command, which ends this process
+    root = Path(copy)
+    _no_workspace_on_the_path()
+    private = Path(tempfile.mkdtemp(prefix="grader-", dir=root.parent))
+    _quiet(private / "output")  # hypothesis's reports: not into the table
+    os.chdir(private)  # hypothesis's example database (--deep), if any, lands here
+    student = Student(connection)
     try:
-        result = grade(find(exercise_id), root, deep=deep)
+        result = grade(find(exercise_id), root, deep=deep, student=student, source=source)
         verdict = (result.status, result.message)
         if result.message.startswith("ran out of memory") and memory_bytes is not None:
             limit = f"; the limit is {memory_bytes / 2**30:g} GiB beyond the grader's own, --memory GIB"
             verdict = (FAILED, f"{result.message[:-1]}{limit})")
-        solution = _solution_loaded(loaded)
-        if solution:
+        solution = student.ask({"op": "solutions"})
+        if solution and isinstance(solution, str):
             verdict = (FAILED, f"your code loaded {solution}, tinyamp's reference solution: write it yourself")
-    except BaseException as exc:  # sys.exit, KeyboardInterrupt, ...: this exercise's verdict, not the grader's end
-        verdict = (FAILED, aborted(exc, root))
+    except ChildLost as exc:
+        _send(send, "lost", [exc.sentence, student.exit_note])
+        return
     _send(send, "result", list(verdict))
     send.close()
+    try:
+        connection.send_bytes(json.dumps({"op": "quit"}).encode())
+    except OSError:
+        pass
+
+
+def _no_workspace_on_the_path() -> None:
+    """In the grader: no import may find a student's file.  ``python -m`` puts the folder the command started in
+    on sys.path (a workspace, when it is graded from inside it), and "" is whatever folder is current: both go,
+    with any folder that holds a workspace, before anything the grader imports late (ml_dtypes, for bfloat16)."""
+    sys.path[:] = [p for p in sys.path if p and not (Path(p) / PACKAGE).is_dir() and Path(p).resolve() != Path.cwd()]
 
 
 def _send(send: Connection, kind: str, value: Any) -> None:
     send.send_bytes(json.dumps({kind: value}).encode())
-
-
-def _solution_loaded(before: set[str]) -> str:
-    """A module of tinyamp's reference solutions that grading loaded (by name, or by the path of its file)."""
-    solutions = (Path(__file__).parent / "solutions").resolve()
-    for name in sorted(set(sys.modules) - before, key=len, reverse=True):  # the module itself, not its package
-        file = getattr(sys.modules.get(name), "__file__", None) or ""
-        if name.startswith("tinyamp.exercises.solutions") or (file and Path(file).resolve().parent == solutions):
-            return name
-    return ""
 
 
 def _quiet(log: Path) -> None:
@@ -341,7 +423,7 @@ def _report_os_exit(send: Connection, root: Path) -> None:
     """Make os._exit, when student code calls it, say so (and where) before the process ends."""
     real_exit = os._exit
 
-    from tinyamp.exercises.grading import student_line
+    from tinyamp.exercises.student_lines import student_line
 
     def _exit(status: int) -> None:
         where = student_line(traceback.extract_stack(), root)

@@ -4,7 +4,7 @@ DIR/
   README.md               the exercises, the tutorial to read for each, the commands
   pytest.ini              one marker per exercise: pytest -m ex5_1
   conftest.py             puts DIR on sys.path, so that tests of your own can import myamp
-  myamp/<module>.py       the stubs (or, with --solutions, the reference solutions)
+  myamp/<module>.py       the stubs (or, with --solutions in a checkout of tinyamp, the reference solutions)
   tests/test_myamp.py     one test per exercise, each calling its grader
 """
 
@@ -35,7 +35,7 @@ class WorkspaceError(Exception):
 
 def workspace_files(solutions: bool = False) -> dict[str, str]:
     """Every file of a workspace, path (relative) -> text: the stubs, or the reference solutions."""
-    text = holes.solution if solutions else holes.stub  # each exercise written once, in solutions/
+    text = holes.solution if solutions else holes.stub  # the stubs ship in the package; the solutions do not
     files = {f"{PACKAGE}/{name}.py": text(name) for name in ("__init__", *MODULES)}
     files["pytest.ini"] = pytest_ini()
     files["conftest.py"] = CONFTEST
@@ -52,7 +52,10 @@ def write_workspace(directory: Path, solutions: bool = False) -> list[Path]:
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise WorkspaceError(f"{directory} is a file; give a folder for the workspace")
-    files = workspace_files(solutions)
+    try:
+        files = workspace_files(solutions)
+    except holes.NoSolutions as exc:
+        raise WorkspaceError(str(exc)) from None
     taken = [path for path in [PACKAGE, *files] if (directory / path).exists()]
     if taken:
         raise WorkspaceError(

@@ -171,6 +171,7 @@ def _scaler_machine(
 
         @rule(found_inf=st.booleans(), n=st.integers(2, LONGEST_RUN))
         def run_of_steps(self, found_inf: bool, n: int) -> None:
+            self.take_ahead([found_inf] * n)
             for _ in range(n):
                 self.apply(found_inf)
 

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyamp.autocast import autocast
+from tinyamp.exercises.remote import HARNESSES, harness
 from tinyamp.ops import linear
 from tinyamp.tensor import Tensor
 from tinyamp.testing.counterexamples import blamed, check_settings, number
@@ -142,7 +143,7 @@ def same_as_the_plain_segment(checkpoint_segment: Checkpoint, case: dict[str, An
     """AssertionError in words unless output and gradients equal the plain segment's, bit for bit."""
     plain_out, plain = run(case, None)
     with blamed(lambda: f"{_describe(case)}: your checkpoint_segment, its forward or its backward"):
-        out, yours = run(case, checkpoint_segment)
+        out, yours = harness(checkpoint_segment, "checkpoint_run", case)  # in the student's process
     difference = _first_difference(out, plain_out)
     if difference:
         raise AssertionError(f"{_describe(case)}: your output {difference} (the segment's own output)")
@@ -167,7 +168,7 @@ def grade_checkpoint_segment(checkpoint_segment: Checkpoint, examples: int) -> N
         same_as_the_plain_segment(checkpoint_segment, case)
     plain = memory_held(None)
     with blamed("on the memory case, your checkpoint_segment"):
-        yours = memory_held(checkpoint_segment)
+        yours = harness(checkpoint_segment, "checkpoint_memory")
     if yours > plain / 2:
         depth, width, batch = (MEMORY_CASE[k] for k in ("depth", "width", "batch"))
         raise AssertionError(
@@ -175,3 +176,20 @@ def grade_checkpoint_segment(checkpoint_segment: Checkpoint, examples: int) -> N
             f"{yours / 2**20:.2f} MiB held until backward, the plain segment {plain / 2**20:.2f} MiB: a checkpointed "
             "segment keeps only its input, and computes the activations again in backward"
         )
+
+
+# ---- harnesses: the segment is built and run in the student's process, its output and gradients compared here ----
+def checkpoint_run(checkpoint_segment: Callable[..., Any], case: dict[str, Any]) -> Any:
+    """7.1: forward and backward through the student's checkpoint_segment (graders.checkpointing.run)."""
+    return run(case, checkpoint_segment)
+
+
+def checkpoint_memory(checkpoint_segment: Callable[..., Any]) -> int:
+    """7.1: the bytes the big segment holds after a forward through the student's checkpoint_segment.
+
+    Measured in the student's process, by tracemalloc there: the one number a grader takes on the word of
+    that process (the gradients are compared with the grader's own)."""
+    return int(memory_held(checkpoint_segment))
+
+
+HARNESSES.update(checkpoint_run=checkpoint_run, checkpoint_memory=checkpoint_memory)

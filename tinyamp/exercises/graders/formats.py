@@ -11,6 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tinyamp.amp import formats
+from tinyamp.exercises.remote import Outcome, outcomes
 from tinyamp.testing import check_rounding
 from tinyamp.testing.counterexamples import blamed, check_settings, number
 from tinyamp.testing.strategies import format_values, rounding_inputs
@@ -46,23 +47,25 @@ def grade_float16_ulp(float16_ulp: Callable[[float], float], examples: int) -> N
     finite = np.isfinite(every)
     magnitude = np.abs(np.where(finite, every, 1.0))
     gaps = np.where(magnitude < 2.0**-14, 2.0**-24, np.ldexp(1.0, np.frexp(magnitude)[1] - 11))  # 2^(k-10)
-    for x, is_finite, gap in zip(every.tolist(), finite.tolist(), gaps.tolist()):
+    answers = outcomes(float16_ulp, [(x,) for x in every.tolist()])  # in one message to the student's process
+    for x, is_finite, gap, answer in zip(every.tolist(), finite.tolist(), gaps.tolist(), answers):
         try:
-            right = is_finite and float16_ulp(x) == gap
-        except Exception:  # ValueError is right only where x is not finite; ulp_at says which it is
+            right = is_finite and answer.error is None and bool(answer.value == gap)
+        except Exception:  # a value that does not compare: ulp_at says what it is
             right = False
-        if not right:
-            ulp_at(float16_ulp, x)  # raises the AssertionError in words, or returns: the ValueError was right
+        if not right:  # ValueError is right only where x is not finite; ulp_at says which it is
+            ulp_at(float16_ulp, x, answer)  # raises the AssertionError in words, or returns: the ValueError was right
 
 
-def ulp_at(float16_ulp: Callable[[float], float], x: float) -> None:
-    """AssertionError in words unless float16_ulp(x) is the ulp of x rounded to float16 (ValueError if not finite)."""
+def ulp_at(float16_ulp: Callable[[float], float], x: float, answer: Outcome | None = None) -> None:
+    """AssertionError in words unless float16_ulp(x) is the ulp of x rounded to float16 (ValueError if not finite);
+    `answer`: what it gave already (a batch), else it is called."""
     with np.errstate(over="ignore"):
         v = float(np.float16(x))
     finite = math.isfinite(v)
     about = f"for x = {number(x)} ({number(v)} in float16)"
     try:
-        got = float16_ulp(x)
+        got = float16_ulp(x) if answer is None else answer.result()
     except NotImplementedError:
         raise
     except ValueError as exc:

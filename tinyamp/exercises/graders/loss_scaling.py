@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
@@ -12,6 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyamp.amp import LossScaler
+from tinyamp.exercises.remote import HARNESSES, harness, is_remote
+from tinyamp.exercises.student_lines import error_record
+from tinyamp.optim import SGD, Adam
+from tinyamp.tensor import Tensor
 from tinyamp.testing import check_scaler, check_skip
 from tinyamp.testing.counterexamples import blamed, check_settings, flags_in_words, number
 from tinyamp.testing.strategies import multiples_of_smallest_subnormal, shapes
@@ -79,7 +84,7 @@ def below_the_floor(scaler_class: type) -> None:
 
 def grade_skip_or_step(skip_or_step: Callable[[Any, float], bool], examples: int) -> None:
     """An overflowed step changes nothing; a clean one is unscale-then-step, bit for bit."""
-    check_skip(skip_or_step, max_examples=examples)
+    check_skip(mirrored(skip_or_step), max_examples=examples)  # the step in the student's process, compared here
 
 
 @st.composite
@@ -163,3 +168,98 @@ def grade_hysteresis_loss_scaler(scaler_class: type, examples: int) -> None:
         if step == 4:
             state.save_and_restore()
         state.one_step(found_inf=found_inf)
+
+
+# ---- harnesses: the student's code run in their process on objects built from plain data ----------------------
+# 5.2 hands the student's skip_or_step a tinyamp optimizer; 5.1 and 5.4 step a scaler hundreds of times.  The
+# optimizer travels as what it is made of (``described_optimizer``), is built again in the student's process, and
+# its state after their step comes back to be compared here; a run of scaler steps travels in one message.
+OPTIMIZERS = {"SGD": SGD, "Adam": Adam}
+
+
+def described_optimizer(optimizer: Any) -> dict[str, Any]:
+    """An SGD or Adam optimizer as plain data: its hyperparameters, step count, weights, gradients and state."""
+    return {
+        "optimizer": type(optimizer).__name__,
+        "hyperparameters": {h: getattr(optimizer, h) for h in optimizer.hyperparameters},
+        "step_count": optimizer.step_count,
+        "names": list(optimizer.names),
+        "weights": [p.data for p in optimizer.params],
+        "grads": [p.grad for p in optimizer.params],
+        "state": [dict(s) for s in optimizer.state],
+    }
+
+
+def optimizer_from(description: dict[str, Any]) -> Any:
+    """The optimizer `description` describes, its parameters and state copied in, bit for bit."""
+    params = [(name, Tensor(w.copy(), dtype=w.dtype, requires_grad=True))
+              for name, w in zip(description["names"], description["weights"])]  # fmt: skip
+    optimizer = OPTIMIZERS[description["optimizer"]](params, **description["hyperparameters"])
+    optimizer.step_count = description["step_count"]
+    optimizer.state = [dict(s) for s in description["state"]]
+    for (_, p), g in zip(params, description["grads"]):
+        p.grad = g
+    return optimizer
+
+
+def take_state(optimizer: Any, description: dict[str, Any]) -> None:
+    """Give `optimizer` the state `description` holds (what the student's step left in their process)."""
+    optimizer.step_count = description["step_count"]
+    for p, w, g in zip(optimizer.params, description["weights"], description["grads"]):
+        p.data, p.grad = w, g
+    optimizer.state = [dict(s) for s in description["state"]]
+
+
+def skip_step(skip_or_step: Callable[[Any, float], Any], description: dict[str, Any], scale: float) -> Any:
+    """5.2: the student's skip_or_step on the optimizer described; (what it returned, the optimizer after it)."""
+    optimizer = optimizer_from(description)
+    skipped = skip_or_step(optimizer, scale)
+    return skipped, described_optimizer(optimizer)
+
+
+def mirrored(skip_or_step: Any) -> Callable[[Any, float], Any]:
+    """A step function for check_skip that runs the student's remote skip_or_step on a copy of the optimizer it is
+    given and then puts the copy's state into it, so that the check compares the state here."""
+    if not is_remote(skip_or_step):
+        return skip_or_step
+
+    def step(optimizer: Any, scale: float) -> Any:
+        skipped, after = harness(skip_or_step, "skip_step", described_optimizer(optimizer), scale)
+        take_state(optimizer, after)
+        return skipped
+
+    return step
+
+
+def scaler_steps(graded: Any, scalers: list[Any], flags: list[bool], names: list[str]) -> Any:
+    """5.1, 5.4: a run of steps of the student's scaler (the first of `scalers`) and its forks, in one message.
+
+    For each flag what ``ScalerAndForks.step`` reads: your scale before, then ``update(flag)`` on each
+    scaler and its `names` (a method's value, or the attribute), all in one flat list (one row per step:
+    1 + len(names) * len(scalers) values); and where an exception stopped them (``(phase, record)``:
+    "before", "update", "values" or "fork"), or None."""
+    flat: list[Any] = []
+    for flag in flags:
+        phase = "before"
+        try:
+            row = [_raw(scalers[0], "scale")]
+            phase = "update"
+            scalers[0].update(flag)
+            phase = "values"
+            row += [_raw(scalers[0], name) for name in names]
+            phase = "fork"
+            for fork in scalers[1:]:
+                fork.update(flag)
+                row += [_raw(fork, name) for name in names]
+        except Exception as exc:
+            return flat, (phase, error_record(exc, Path.cwd()))
+        flat += row
+    return flat, None
+
+
+def _raw(scaler: Any, name: str) -> Any:
+    value = getattr(scaler, name)
+    return value() if callable(value) else value
+
+
+HARNESSES.update(skip_step=skip_step, scaler_steps=scaler_steps)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tinyamp import dtypes
 from tinyamp.autocast import autocast
+from tinyamp.exercises.remote import Outcome, outcomes
 from tinyamp.policy import DEFAULT_POLICY, RULES
 from tinyamp.tensor import Tensor
 from tinyamp.testing.counterexamples import check_settings
@@ -61,12 +62,13 @@ def grade_autocast_dtypes(autocast_dtypes: Callable[..., list[str]], examples: i
     names = _dtype_names()
     lowers = [n for n in ("float16", "bfloat16") if n in names]
     ops = sorted(DEFAULT_POLICY) + list(OTHER_OPS)
-    for count in (1, 2):
-        for inputs in itertools.product(names, repeat=count):
-            for op in ops:
-                for lower in lowers:
-                    for overrides in [None] + ([{op: rule} for rule in RULES] if op in DEFAULT_POLICY else []):
-                        same_decision_at(autocast_dtypes, op, list(inputs), lower, overrides)
+    cases = [(op, list(inputs), lower, overrides)
+             for count in (1, 2) for inputs in itertools.product(names, repeat=count) for op in ops
+             for lower in lowers
+             for overrides in [None] + ([{op: rule} for rule in RULES] if op in DEFAULT_POLICY else [])]  # fmt: skip
+    answers = outcomes(autocast_dtypes, [(op, list(inputs), lower, rule) for op, inputs, lower, rule in cases])
+    for case, answer in zip(cases, answers):  # in one message to the student's process, checked in order
+        same_decision_at(autocast_dtypes, *case, answer=answer)
 
     @check_settings(examples)
     @given(case=autocast_cases())
@@ -82,13 +84,15 @@ def same_decision_at(
     inputs: list[str],
     lower: str,
     overrides: dict[str, str] | None,
+    answer: Outcome | None = None,
 ) -> None:
-    """AssertionError in words unless autocast_dtypes gives what tinyamp's autocast does for this case."""
+    """AssertionError in words unless autocast_dtypes gives what tinyamp's autocast does for this case (`answer`:
+    what it gave already, in a batch)."""
     rule = (overrides or {}).get(op, DEFAULT_POLICY.get(op))
     about = (f"for op {op!r} (rule {rule!r}) with inputs {', '.join(inputs)} under autocast({lower!r}"
              f"{f', policy={overrides}' if overrides else ''})")  # fmt: skip
     try:
-        got = autocast_dtypes(op, list(inputs), lower, overrides)
+        got = autocast_dtypes(op, list(inputs), lower, overrides) if answer is None else answer.result()
     except NotImplementedError:
         raise
     except Exception as exc:
