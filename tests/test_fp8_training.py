@@ -263,24 +263,33 @@ def test_a_damaged_fp8_state_is_refused_whole(recipe: str) -> None:
 
 
 # ---- a run: results.json, figures, checkpoints that resume bit for bit ---------------------------------------------
+def stopped_and_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task: type, options: list[str],
+                        stop_at: int, signum: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`tinyamp train OPTIONS` straight, and stopped by `signum` at step `stop_at` then resumed: both checkpoints,
+    after asserting the two runs' results.json hold the same FP8 record."""
+    monkeypatch.setattr("tinyamp.experiments.figures.matplotlib_available", lambda: False)
+    common = ["train", "--quiet", *options]
+    assert main([*common, "--out", str(tmp_path / "straight")]) == 0
+    with monkeypatch.context() as m:
+        signal_during_step(m, task, stop_at, signum)
+        assert main([*common, "--out", str(tmp_path / "run")]) == 128 + signum
+    assert main(["train", "--quiet", "--resume", str(tmp_path / "run" / "checkpoint.npz"), "--out",
+                 str(tmp_path / "run")]) == 0  # fmt: skip
+    results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "run")]
+    fp8 = [regime["fp8"] for r in results for t in r["tasks"].values() for regime in t["regimes"].values()]
+    assert len(fp8) == 2 and fp8[0] == fp8[1]
+    straight, resumed = (read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run"))
+    return straight, resumed
+
+
 @pytest.mark.parametrize(("recipe", "stop_at"), [("fp8", 6), ("fp8-current", 0), ("mxfp8", 11)])
 def test_a_stopped_fp8_run_resumes_bit_identical_scales_included(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recipe: str, stop_at: int
 ) -> None:
-    monkeypatch.setattr("tinyamp.experiments.figures.matplotlib_available", lambda: False)
-    common = ["train", "--quiet", "--precision", recipe, "--steps", "16"]
-    assert main([*common, "--out", str(tmp_path / "straight")]) == 0
-    with monkeypatch.context() as m:
-        signal_during_step(m, tasks.DigitsMLP, stop_at, signal.SIGINT)
-        assert main([*common, "--out", str(tmp_path / "run")]) == 130
-    assert main(["train", "--quiet", "--resume", str(tmp_path / "run" / "checkpoint.npz"), "--out",
-                 str(tmp_path / "run")]) == 0  # fmt: skip
-    straight, resumed = (read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run"))
+    options = ["--precision", recipe, "--steps", "16"]
+    straight, resumed = stopped_and_resumed(tmp_path, monkeypatch, tasks.DigitsMLP, options, stop_at, signal.SIGINT)
     assert set(straight["extra"]["fp8"]["tensors"]) >= {"0.input", "4.grad_output"}
     assert_same_run(straight, resumed, [stop_at + 1])
-    results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "run")]
-    fp8 = [r["tasks"]["mlp"]["regimes"][recipe]["fp8"] for r in results]
-    assert fp8[0] == fp8[1]
 
 
 @pytest.mark.parametrize(("recipe", "stop_at"), [("fp8", 3), ("mxfp8", 1)])
@@ -289,37 +298,13 @@ def test_a_stopped_fp8_transformer_resumes_bit_identical_scales_included(
 ) -> None:
     """The transformer's 9 Linear layers (qkv, proj and the MLP's two in each of 2 blocks, the head) each cast an
     input, a weight and a gradient a step; every one's scale, history and record resumes."""
-    monkeypatch.setattr("tinyamp.experiments.figures.matplotlib_available", lambda: False)
-    common = ["train", "--quiet", "--model", "transformer", "--precision", recipe, "--steps", "6"]
-    assert main([*common, "--out", str(tmp_path / "straight")]) == 0
-    with monkeypatch.context() as m:
-        signal_during_step(m, tasks.CharTransformer, stop_at, signal.SIGTERM)
-        assert main([*common, "--out", str(tmp_path / "run")]) == 143
-    assert main(["train", "--quiet", "--resume", str(tmp_path / "run" / "checkpoint.npz"), "--out",
-                 str(tmp_path / "run")]) == 0  # fmt: skip
-    straight, resumed = (read_checkpoint(tmp_path / d / "checkpoint.npz") for d in ("straight", "run"))
+    options = ["--model", "transformer", "--precision", recipe, "--steps", "6"]
+    straight, resumed = stopped_and_resumed(tmp_path, monkeypatch, tasks.CharTransformer, options, stop_at,
+                                            signal.SIGTERM)  # fmt: skip
     tensors = straight["extra"]["fp8"]["tensors"]
     assert {"blocks.0.attn.qkv.input", "blocks.1.mlp.2.grad_output", "head.weight"} <= set(tensors), sorted(tensors)
     assert len({name.removesuffix(".T").rsplit(".", 1)[0] for name in tensors}) == 9
     assert_same_run(straight, resumed, [stop_at + 1])
-    results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "run")]
-    fp8 = [r["tasks"]["transformer"]["regimes"][recipe]["fp8"] for r in results]
-    assert fp8[0] == fp8[1]
-
-
-def test_by_role_adds_every_cast_tensor_to_its_role_and_refuses_a_name_it_cannot_place() -> None:
-    from tinyamp.experiments.fp8_report import by_role, role_of
-
-    result, _ = run_regime(tasks.DigitsMLP(), "mxfp8", 3, measure_every=10**9)
-    fp8 = result.fp8
-    roles = by_role(fp8)
-    assert {role_of(n) for n in fp8["tensors"]} == set(roles) == {"weights", "activations", "gradients"}
-    for key in ("values", "saturated", "flushed", "nonfinite"):  # the roles split the passes' totals
-        assert roles["weights"][key] + roles["activations"][key] == fp8["totals"]["forward"][key]
-        assert roles["gradients"][key] == fp8["totals"]["backward"][key]
-    assert roles["weights"]["values"] == 3 * 2 * (64 * 256 + 256 * 256 + 256 * 10)  # 3 steps, each weight twice (.T)
-    with pytest.raises(ValueError, match=r"'0\.bias' is not a cast tensor's name: it ends in none of weight, input"):
-        role_of("0.bias")
 
 
 def test_results_json_and_the_figure_hold_every_tensors_series(tmp_path: Path) -> None:
