@@ -1,4 +1,4 @@
-"""Shared pytest setup: hypothesis profiles and the `device` fixture.
+"""Shared pytest setup: hypothesis profiles, the `device` fixture, and `channel` (for student code's pids).
 
 Profiles: "ci" (default; 25 examples per property, no deadline, because a finite-
 difference check takes milliseconds that vary with the machine), "dev" (100) and
@@ -13,7 +13,9 @@ the same examples.  A test whose claim needs fresh random draws must ask for the
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +52,14 @@ def deferred_checks_end_with_their_test() -> Any:
     left pending, it would raise at the next test's first read."""
     yield
     tinyamp.backend.take_pending_checks()
+
+
+@pytest.fixture
+def channel() -> Iterator[Any]:
+    """A FIFO student code can write into whoever it runs as (exercise_helpers.Channel), removed afterwards."""
+    from exercise_helpers import Channel
+
+    made = Channel()
+    yield made
+    os.close(made.reading)
+    shutil.rmtree(made.folder, ignore_errors=True)

@@ -1,9 +1,12 @@
-"""What the exercise tests share: the catalog's ids, and each exercise's stub, solution and grader."""
+"""What the exercise tests share: the catalog's ids, each exercise's stub, solution and grader, and a channel
+student code can write to whoever it runs as."""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
+import tempfile
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -78,3 +81,29 @@ def _serve(connection: Any, workspace: Path) -> None:
     from tinyamp.exercises.remote import Server
 
     Server(connection, workspace).serve()
+
+
+class Channel:
+    """A FIFO student code can write its pids into, whoever it runs as: root, nobody, or user 0 with every file
+    read-only (writing into a FIFO changes no file system).  The test holds the reading end from the start."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="tinyamp-test-"))  # not pytest's tmp_path: root's alone (0700)
+        os.chmod(self.folder, 0o755)
+        self.path = self.folder / "fifo"
+        os.mkfifo(self.path, 0o666)
+        os.chmod(self.path, 0o666)
+        self.reading = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self.heard = b""
+
+    def read(self) -> str:
+        """Everything written so far."""
+        while True:
+            try:
+                chunk = os.read(self.reading, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self.heard += chunk
+        return self.heard.decode()

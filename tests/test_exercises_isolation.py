@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from exercise_helpers import Channel
 
 from tinyamp.exercises.catalog import EXERCISES, PACKAGE
 from tinyamp.exercises.workspace import write_workspace
@@ -130,13 +131,13 @@ def test_exit_status_0_only_when_every_exercise_asked_for_passes(solutions: Path
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_grading_command_ends_its_children_and_their_copies(
-    solutions: Path, tmp_path: Path, signum: int
+    solutions: Path, tmp_path: Path, signum: int, channel: Channel
 ) -> None:
     """Ctrl-C during `exercises check` while a student's endless loop runs: one line, 128 + the signal, and no
     child left spinning (it has a process group of its own, so the terminal's Ctrl-C never reaches it)."""
-    pid_file, temporary = tmp_path / "child.pid", tmp_path / "tmp"
+    temporary = tmp_path / "tmp"
     temporary.mkdir()
-    loop = f"import os; open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    while True: pass"
+    loop = f"import os; open({str(channel.path)!r}, 'w').write(f'{{os.getpid()}} ')\n    while True: pass"
     with_first_line(solutions, "backward", "softmax_backward", loop)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), TMPDIR=str(temporary))
@@ -145,9 +146,9 @@ def test_a_signal_to_the_grading_command_ends_its_children_and_their_copies(
     child = 0
     try:
         deadline = time.monotonic() + 120
-        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        while not channel.read() and time.monotonic() < deadline:
             time.sleep(0.05)
-        child = int(pid_file.read_text())  # the student's loop is running
+        child = int(channel.read())  # the student's loop is running
         command.send_signal(signum)
         _, stderr = command.communicate(timeout=60)
         assert command.returncode == 128 + signum, stderr

@@ -236,7 +236,7 @@ def check(args: argparse.Namespace) -> int:
 def grade_and_print(exercises: list[Exercise], directory: Path, deep: bool, limits: Any, jobs: int,
                     table: bool) -> list[Any]:  # fmt: skip
     """Grade in child processes; with `table`, print one row per exercise as its turn comes."""
-    from tinyamp.exercises import containment
+    from tinyamp.exercises import unprivileged
     from tinyamp.exercises.grading import FAILED, NOT_STARTED, PASSED
     from tinyamp.exercises.isolation import grade_isolated
     from tinyamp.exercises.reports import reason
@@ -247,8 +247,8 @@ def grade_and_print(exercises: list[Exercise], directory: Path, deep: bool, limi
         print(f"grading {len(exercises)} exercise{'s' * (len(exercises) > 1)} in {directory.resolve()}"
               f"{f' ({DEEP}x examples)' if deep else ''}, each in its own process (at most {limits.seconds:g} s"
               f"{memory}; {jobs} at a time)")  # fmt: skip
-        warning = containment.root_warning()
-        print(f"warning: {warning}\n" if warning else "")
+        line = unprivileged.plan().line
+        print(f"{line}\n" if line else "")
         print(row("#", "exercise", "result", "time", "first counterexample (failed) or what to read (not started)"))
     results = []
     for result in grade_isolated(exercises, directory, deep, limits, jobs):

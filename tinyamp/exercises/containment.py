@@ -14,8 +14,9 @@ cannot reach past it, so on Linux (each piece does nothing where the OS lacks it
 * **Nothing to read and nothing of the grader's to write.**  Standard input is ``/dev/null`` (a read
   returns at once), and the grading command is not *dumpable* while it grades, so a process of the
   same user cannot open ``/proc/<its pid>/fd/1`` to write into its table.
-* **Not as root.**  Root ignores these limits and may open any file and any process's descriptors,
-  so a grading command run as root says so (``root_warning``): grade as an unprivileged user.
+* **Not as root.**  Root ignores these limits and may open any file and any process's descriptors, so
+  as root the student's process becomes the user ``nobody`` first (``unprivileged``), or, where that
+  user cannot read the installation, the grading command says that no limit binds.
 """
 
 from __future__ import annotations
@@ -133,14 +134,6 @@ def _reap() -> None:
                 pass
 
 
-def root_warning() -> str:
-    """One sentence when the grader runs as root, where no limit holds its children ("" otherwise)."""
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return ("grading as root: student code runs with root's rights, which no limit binds (it may raise its "
-                "limits, open any file or process): grade as an unprivileged user")
-    return ""
-
-
 def contain_child(memory_bytes: int | None) -> None:
     """In the child, before student code loads: its own session, standard input empty, limits it cannot raise."""
     if hasattr(os, "setsid"):
@@ -161,8 +154,10 @@ def contain_child(memory_bytes: int | None) -> None:
         with open("/proc/self/statm") as statm:
             held = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         limits[resource.RLIMIT_AS] = held + memory_bytes
-    if os.geteuid() != 0:  # root's process count is not limited (the census below still ends a fork bomb)
-        limits[resource.RLIMIT_NPROC] = _user_processes() + PROCESS_LIMIT
+    if os.geteuid() != 0:  # root's process count is not limited (the census still ends a fork bomb)
+        # The census (isolation.CENSUS_EVERY) is the limit that speaks, with its sentence; this is the backstop that
+        # cannot be raised, set past it so that a fast fork loop is still over PROCESS_LIMIT when the census counts.
+        limits[resource.RLIMIT_NPROC] = _user_processes() + 2 * PROCESS_LIMIT
     for which, value in limits.items():
         _, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)

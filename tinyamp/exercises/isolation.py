@@ -22,9 +22,9 @@ the student's process never holds the writing end of the verdict.  The parent de
 Limits: a time limit per exercise (``DEFAULT_TIMEOUT`` seconds, ``DEEP`` times it with ``--deep``),
 and on Linux a memory limit (``RLIMIT_AS``) on the student's process: the address space it holds when
 it starts, plus ``DEFAULT_MEMORY_GIB``; ``containment`` adds the rest (limits it cannot raise, every
-process it starts killed with it, no standard input, a warning when the grader runs as root).  The
-throwaway copy means a student's code that deletes or rewrites files changes only the copy it was
-given: never the workspace, never another exercise's copy.  Every message is JSON, read with a
+process it starts killed with it, no standard input), and ``unprivileged`` runs it as ``nobody`` when the
+grading command is root.  The throwaway copy means a student's code that deletes or rewrites files changes
+only the copy it was given: never the workspace, never another exercise's copy.  Every message is JSON, read with a
 length limit: a pickle would run whatever code it names in the process that reads it.
 
 Children are forked where the OS can (Linux, macOS): the parent imports numpy, hypothesis and every
@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -51,7 +52,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from tinyamp.exercises import containment
+from tinyamp.exercises import containment, unprivileged
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
 
 DEFAULT_TIMEOUT = 60.0  # seconds per exercise; the slowest reference solution takes about 3 s
@@ -101,6 +102,7 @@ def grade_isolated(
     preload(exercises)  # numpy, hypothesis and the graders, once, before the first fork
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     pending, running, done = list(exercises), [], {}
+    plan = unprivileged.plan()  # as root: how the student's process gives root up
     containment.guard_the_grader(True)
     try:
         for exercise in exercises:
@@ -111,7 +113,7 @@ def grade_isolated(
                     if linked:
                         done[nxt.id] = _refused(nxt, linked)
                         continue
-                    running.append(Child(context, nxt, Path(workspace), deep, limits))
+                    running.append(Child(context, nxt, Path(workspace), deep, limits, plan))
                 if not running:
                     continue
                 soonest = min(child.deadline for child in running)
@@ -184,12 +186,16 @@ class Child:
     """One exercise's two processes (the student's code, and its grader), its throwaway copy of the workspace, and
     what the grader has said so far."""
 
-    def __init__(self, context: Any, exercise: Exercise, workspace: Path, deep: bool, limits: Limits) -> None:
+    def __init__(self, context: Any, exercise: Exercise, workspace: Path, deep: bool, limits: Limits,
+                 plan: unprivileged.Plan | None = None) -> None:  # fmt: skip
         self.exercise, self.limits, self.shown = exercise, limits, str(workspace)
         self.folder = Path(tempfile.mkdtemp(prefix="tinyamp-grading-"))
-        copy = self.folder / "workspace"
+        copy = self.folder / f"workspace-{secrets.token_hex(8)}"  # a name another grading's student cannot guess
+        plan = plan or unprivileged.Plan()
         try:
             shutil.copytree(workspace, copy, ignore=IGNORED, symlinks=True)
+            if plan.user is not None:
+                unprivileged.hand_over(self.folder, copy, plan.user)
         except (OSError, shutil.Error) as exc:  # an unreadable file: the workspace cannot be graded as it is
             shutil.rmtree(self.folder, ignore_errors=True)
             raise CopyError(f"cannot copy the workspace {workspace} to grade it: {_first_error(exc)}") from None
@@ -208,7 +214,7 @@ class Child:
                                       args=(exercise.id, str(copy), deep, limits.memory_bytes, source, grader_end,
                                             send, student_end))  # fmt: skip
         self.process = context.Process(target=_student, name=f"grade-{exercise.id}",
-                                       args=(str(copy), limits.memory_bytes, student_end))  # fmt: skip
+                                       args=(str(copy), limits.memory_bytes, student_end, plan))  # fmt: skip
         self.start = time.monotonic()
         with warnings.catch_warnings(), _signals_held():  # Python 3.12+ warns of forking with threads (numpy's
             warnings.simplefilter("ignore", DeprecationWarning)  # idle BLAS pool); held: no child started unseen
@@ -336,8 +342,9 @@ def _started_in_a_child() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-def _student(copy: str, memory_bytes: int | None, connection: Connection) -> None:
-    """The student's process: contained (``containment``), the copy as the current folder, answering the grader."""
+def _student(copy: str, memory_bytes: int | None, connection: Connection, plan: unprivileged.Plan) -> None:
+    """The student's process: no longer root (``unprivileged``'s `plan`), contained (``containment``), the copy
+    as the current folder, answering the grader."""
     from tinyamp.exercises.remote import Server, is_solution
 
     root = Path(copy)
@@ -347,6 +354,7 @@ def _student(copy: str, memory_bytes: int | None, connection: Connection) -> Non
         except OSError:
             pass
     _started_in_a_child()
+    plan.apply(copy)  # first: the limits below then bind it (and as nobody, its process count is nobody's)
     containment.contain_child(memory_bytes)
     _quiet(root / ".output")  # what student code prints goes to a file in the copy, not into the table
     os.chdir(root)
