@@ -53,6 +53,7 @@ def grade_remote(exercise: Any, workspace: Path, deep: bool = False) -> Any:
     import warnings
 
     from tinyamp.exercises.grading import grade, preload
+    from tinyamp.exercises.reach import workspace_sources
     from tinyamp.exercises.remote import Student
 
     preload([exercise])  # the graders register their harnesses: the student's process starts with them
@@ -64,7 +65,8 @@ def grade_remote(exercise: Any, workspace: Path, deep: bool = False) -> Any:
     theirs.close()
     try:
         source = (Path(workspace) / exercise.path).read_text()
-        return grade(exercise, Path(workspace), deep=deep, student=Student(mine), source=source)
+        sources = workspace_sources(Path(workspace))
+        return grade(exercise, Path(workspace), deep=deep, student=Student(mine), source=source, sources=sources)
     finally:
         try:
             mine.send_bytes(json.dumps({"op": "quit"}).encode())

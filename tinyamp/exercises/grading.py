@@ -10,13 +10,16 @@ code alone, from values it checks against its own reference, in a process studen
 ran in (patching tinyamp, NumPy or this module patches the student's process only).  A normal
 check draws the same examples on every run, so the same code always gets the same verdict;
 ``--deep`` draws new random ones, ten times as many, to look further.  Before the grader
-runs, its source is read (``source_checks``, on the file as it was before any student code ran):
-the graded function or class is defined in the workspace's file (the student's process says
-where it was defined, this one decides; not imported from tinyamp); it reaches no name the reader cannot follow
-(``getattr`` or an import with a computed name, ``eval``); it does not use tinyamp's own
-implementation of the mechanism (the exercise's ``forbidden`` names, followed through imports,
-aliases, helpers, ``importlib`` and ``__import__``); and, for exercises about rounding by hand,
-it does not call NumPy's conversion to float16, however spelled.
+runs, its source is read (``source_checks``, on the files as they were before any student code
+ran): the graded function or class is defined in the workspace's file (the student's process says
+where it was defined, this one decides; not imported from tinyamp); and it, and every definition
+it reaches in the workspace's other files (``reach``: helpers, relative imports, transitively),
+reach no name the reader cannot follow (``getattr`` or an import with a computed name, ``eval``),
+no module the grader cannot read (outside the workspace as handed in, the standard library, NumPy,
+ml_dtypes and tinyamp; ``pickle``, ``sys.path``), not tinyamp's own implementation of the
+mechanism (the exercise's ``forbidden`` names, followed through imports, aliases, ``importlib`` and
+``__import__``) and, for exercises about rounding by hand, not NumPy's conversion to float16,
+however spelled.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise
+from tinyamp.exercises.reach import WHOLE, reached, references, star_import, unreadable_module, workspace_sources
 from tinyamp.exercises.source_checks import dynamic_access, float8_mention, float16_conversion, tinyamp_names_used
 from tinyamp.exercises.student_lines import _chain, _first_line, raised_at, student_line  # noqa: F401  (their home)
 
@@ -54,13 +58,14 @@ class NotTheirs(Exception):
     """The graded name is missing, imported, or built on tinyamp's own implementation."""
 
 
-def grade(exercise: Exercise, workspace: Path, deep: bool = False, student: Any = None, source: str | None = None
-          ) -> Result:  # fmt: skip
+def grade(exercise: Exercise, workspace: Path, deep: bool = False, student: Any = None, source: str | None = None,
+          sources: dict[str, str] | None = None) -> Result:  # fmt: skip
     """Grade `exercise` in `workspace` (hypothesis examples: the exercise's budget, DEEP times it with `deep`).
 
     With `student` (a ``remote.Student``, the grader's end of the pipe to the student's process) the
-    student's code runs there and `source` is the text of their file, read before their process
-    started; without it, it is imported into this process (tests of the graders do that).
+    student's code runs there and `source` is the text of their file, `sources` every .py file of the
+    workspace (``reach.workspace_sources``), read before their process started; without it, it is
+    imported into this process (tests of the graders do that).
     """
     from tinyamp.exercises.remote import GradingEnded
     from tinyamp.testing.counterexamples import same_examples_every_run  # hypothesis loads only to grade
@@ -73,7 +78,7 @@ def grade(exercise: Exercise, workspace: Path, deep: bool = False, student: Any 
             graded = load(exercise, workspace)
             definition = f"{exercise.name}, {exercise.path}:{_first_line(graded)}"
         else:
-            graded, line = load_remote(exercise, workspace, student, source)
+            graded, line = load_remote(exercise, workspace, student, source, sources)
             definition = f"{exercise.name}, {exercise.path}:{line}"
         with np.errstate(all="ignore"), warnings.catch_warnings(), same_examples_every_run(not deep):
             warnings.simplefilter("ignore")  # a student's overflow warnings are not the verdict
@@ -131,11 +136,12 @@ def load(exercise: Exercise, workspace: Path) -> Any:
         source_file: Path | None = Path(inspect.getsourcefile(graded) or "").resolve()
     except TypeError:
         source_file = None
-    check_source(exercise, path, source_file, path.read_text())
+    check_source(exercise, path, source_file, path.read_text(), workspace_sources(workspace))
     return graded
 
 
-def load_remote(exercise: Exercise, workspace: Path, student: Any, source: str | None) -> tuple[Any, int]:
+def load_remote(exercise: Exercise, workspace: Path, student: Any, source: str | None,
+                sources: dict[str, str] | None = None) -> tuple[Any, int]:  # fmt: skip
     """The proxy of the graded function or class in the student's process, and the line of its definition.
 
     Their process imports the module and says where the name was defined; this process decides: the
@@ -155,14 +161,17 @@ def load_remote(exercise: Exercise, workspace: Path, student: Any, source: str |
     if type(info) is not dict or not info.get("found"):
         raise NotTheirs(f"{exercise.path} has no {exercise.name}: the grader looks for that name")
     file = info.get("file")
-    check_source(exercise, path, Path(file) if type(file) is str and info.get("kind") != "other" else None, source)
+    defined_in = Path(file) if type(file) is str and info.get("kind") != "other" else None
+    check_source(exercise, path, defined_in, source, sources)
     line = info.get("line")
     return Remote(student, 0, exercise.name), line if type(line) is int else 0
 
 
-def check_source(exercise: Exercise, path: Path, source_file: Path | None, source: str) -> None:
-    """NotTheirs unless the graded name was defined in `path` (`source_file`, None if it is no function or class)
-    and its `source` uses nothing the exercise forbids."""
+def check_source(exercise: Exercise, path: Path, source_file: Path | None, source: str,
+                 sources: dict[str, str] | None = None) -> None:  # fmt: skip
+    """NotTheirs unless the graded name was defined in `path` (`source_file`, None if it is no function or class),
+    and neither its `source` nor any workspace code it reaches (``reach``, in `sources`) uses what the exercise
+    forbids or a module the grader cannot read."""
     if source_file is None:
         raise NotTheirs(f"{exercise.name} in {exercise.path} must be a function or class defined there")
     if source_file != path:
@@ -170,38 +179,67 @@ def check_source(exercise: Exercise, path: Path, source_file: Path | None, sourc
             f"{exercise.name} in {exercise.path} is not yours: it comes from {source_file}. Write it in "
             f"{exercise.path}; the grader grades the code there"
         )
-    dynamic = dynamic_access(source, exercise.name)
+    module = f"{PACKAGE}.{exercise.module}"
+    sources = {**(sources or {}), module: source}  # the graded file as the grader read it
+    for where, name in reached(sources, module, exercise.name):
+        text = sources.get(where)
+        if text is None:
+            continue
+        who = exercise.name if (where, name) == (module, exercise.name) else (
+            f"{exercise.name}, through {where.replace('.', '/')}.py{f' ({name})' if name else ''},")
+        try:
+            star = star_import(text)
+            if star:
+                raise NotTheirs(f"{who} is in a file with a star import ({star}): the grader cannot tell which names "
+                                "it binds, so import each name you use by name")  # fmt: skip
+            _check_code(exercise, who, text, name or WHOLE)
+            for full, line in references(text, where, name, sources):
+                if _forbidden(full, exercise.forbidden):
+                    raise NotTheirs(f"{who} uses {full} (line {line}), tinyamp's own version of what Exercise "
+                                    f"{exercise.number} asks you to build: write it yourself")  # fmt: skip
+                why = unreadable_module(full, sources, PACKAGE)
+                if why:
+                    raise NotTheirs(f"{who} reaches {full} (line {line}): {why}; the grader reads every module your "
+                                    "code reaches, so write it in the workspace's own files")  # fmt: skip
+        except SyntaxError:
+            if where == module:
+                raise
+            continue  # another file that does not parse: the student's process says so when it imports it
+
+
+def _check_code(exercise: Exercise, who: str, source: str, name: str) -> None:
+    """NotTheirs if the definition of `name` in `source` uses what `exercise` forbids (`who` says whose it is)."""
+    dynamic = dynamic_access(source, name)
     if dynamic:
         raise NotTheirs(
-            f"{exercise.name} reaches a name the grader cannot follow ({dynamic}): Exercise {exercise.number} must "
+            f"{who} reaches a name the grader cannot follow ({dynamic}): Exercise {exercise.number} must "
             f"not use {', '.join(exercise.forbidden)}, so the grader reads every name you use: write them directly"
         )
     roots = tuple(dict.fromkeys(["tinyamp", *(f.split(".")[0] for f in exercise.forbidden)]))
-    names = tinyamp_names_used(source, exercise.name, roots)
-    used = sorted(name for name in names if _forbidden(name, exercise.forbidden))
+    names = tinyamp_names_used(source, name, roots)
+    used = sorted(n for n in names if _forbidden(n, exercise.forbidden))
     if used:
         whose = "tinyamp's own version" if used[0].startswith("tinyamp") else "a library's version"
         raise NotTheirs(
-            f"{exercise.name} uses {used[0]}, {whose} of what Exercise {exercise.number} asks you to build: write it "
+            f"{who} uses {used[0]}, {whose} of what Exercise {exercise.number} asks you to build: write it "
             "yourself"
         )
     if exercise.no_float8_casts:
-        mention = float8_mention(source, exercise.name)
+        mention = float8_mention(source, name)
         if mention:
             raise NotTheirs(
-                f"{exercise.name} names an FP8 type ({mention}): Exercise {exercise.number} asks you to "
-                f"{exercise.by_hand}"
+                f"{who} names an FP8 type ({mention}): Exercise {exercise.number} asks you to {exercise.by_hand}"
             )
     if exercise.no_float16_casts:
-        cast = float16_conversion(source, exercise.name)
+        cast = float16_conversion(source, name)
         if cast.endswith("<a dtype not written by name>)"):
             raise NotTheirs(
-                f"{exercise.name} converts to a dtype the grader cannot read ({cast}): Exercise {exercise.number} "
+                f"{who} converts to a dtype the grader cannot read ({cast}): Exercise {exercise.number} "
                 "forbids NumPy's conversion to float16, so write every dtype by name (np.uint32, 'float32')"
             )
         if cast:
             raise NotTheirs(
-                f"{exercise.name} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
+                f"{who} converts to float16 with NumPy ({cast}): Exercise {exercise.number} asks you to "
                 f"{exercise.by_hand}"
             )
 

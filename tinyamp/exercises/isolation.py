@@ -54,6 +54,7 @@ from typing import Any
 
 from tinyamp.exercises import containment, unprivileged
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise, find
+from tinyamp.exercises.reach import workspace_sources
 
 DEFAULT_TIMEOUT = 60.0  # seconds per exercise; the slowest reference solution takes about 3 s
 DEFAULT_MEMORY_GIB = 2.0  # beyond what the grading process itself holds when the exercise starts
@@ -203,16 +204,17 @@ class Child:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.copy = str(copy)
-        try:  # read before any student code runs: the source checks read the file as it was handed in
+        try:  # read before any student code runs: the source checks read the files as they were handed in
             source: str | None = (copy / exercise.path).read_text()
         except (OSError, UnicodeDecodeError):
             source = None
+        sources = workspace_sources(copy)
         self.receive, send = context.Pipe(duplex=False)  # grader -> this process: the verdict
         VERDICTS.add(self.receive.fileno())
         grader_end, student_end = context.Pipe(duplex=True)  # grader <-> student: requests and replies
         self.grader = context.Process(target=_grader, name=f"grader-{exercise.id}",
-                                      args=(exercise.id, str(copy), deep, limits.memory_bytes, source, grader_end,
-                                            send, student_end))  # fmt: skip
+                                      args=(exercise.id, str(copy), deep, limits.memory_bytes, source, sources,
+                                            grader_end, send, student_end))  # fmt: skip
         self.process = context.Process(target=_student, name=f"grade-{exercise.id}",
                                        args=(str(copy), limits.memory_bytes, student_end, plan))  # fmt: skip
         self.start = time.monotonic()
@@ -367,7 +369,8 @@ def _student(copy: str, memory_bytes: int | None, connection: Connection, plan: 
 
 
 def _grader(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, source: str | None,
-            connection: Connection, send: Connection, student_end: Connection) -> None:  # fmt: skip
+            sources: dict[str, str], connection: Connection, send: Connection, student_end: Connection
+            ) -> None:  # fmt: skip
     """The grader's process: forked from the grading command before any student code ran, it never runs any.
 
     It grades with ``grading.grade``, every call of the student's code a message to the student's process
@@ -386,7 +389,7 @@ def _grader(exercise_id: str, copy: str, deep: bool, memory_bytes: int | None, s
     os.chdir(private)  # hypothesis's example database (--deep), if any, lands here
     student = Student(connection)
     try:
-        result = grade(find(exercise_id), root, deep=deep, student=student, source=source)
+        result = grade(find(exercise_id), root, deep=deep, student=student, source=source, sources=sources)
         verdict = (result.status, result.message)
         if result.message.startswith("ran out of memory") and memory_bytes is not None:
             limit = f"; the limit is {memory_bytes / 2**30:g} GiB beyond the grader's own, --memory GIB"
