@@ -13,7 +13,9 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,22 +32,28 @@ def tinyamp(*argv: str) -> subprocess.CompletedProcess[str]:
                           timeout=300)  # fmt: skip
 
 
-def without_tensor(source: Path, target: Path, tensor: str) -> None:
-    """A copy of the checkpoint `source` at `target` whose FP8 state has no entry for `tensor`."""
-    prefix = f"extra/fp8/tensors/{tensor}/"
+def rewritten(source: Path, target: Path, edit: Callable[[dict[str, Any]], None], drop: str = "\x00") -> None:
+    """A copy of the checkpoint `source` at `target`: its metadata document changed by `edit`, and its arrays whose
+    names start with `drop` left out."""
     with zipfile.ZipFile(source) as z, zipfile.ZipFile(target, "w") as out:
-        names = z.namelist()
-        assert any(n.startswith(prefix) for n in names), names
-        for name in names:
+        for name in z.namelist():
             data = z.read(name)
             if name == METADATA:
                 document = json.loads(np.load(io.BytesIO(data)).tobytes())
-                del document["extra"]["fp8"]["tensors"][tensor]
+                edit(document)
                 buffer = io.BytesIO()
                 np.save(buffer, np.frombuffer(json.dumps(document).encode("utf-8"), dtype=np.uint8))
                 data = buffer.getvalue()
-            if not name.startswith(prefix):
+            if not name.startswith(drop):
                 out.writestr(name, data)
+
+
+def without_tensor(source: Path, target: Path, tensor: str) -> None:
+    """A copy of the checkpoint `source` at `target` whose FP8 state has no entry for `tensor`."""
+    prefix = f"extra/fp8/tensors/{tensor}/"
+    with zipfile.ZipFile(source) as z:
+        assert any(n.startswith(prefix) for n in z.namelist()), z.namelist()
+    rewritten(source, target, lambda document: document["extra"]["fp8"]["tensors"].pop(tensor), prefix)
 
 
 @pytest.mark.parametrize(("recipe", "tensor"), [("fp8", "2.weight"), ("mxfp8", "0.input.T")])
@@ -65,3 +73,17 @@ def test_a_checkpoint_missing_one_tensors_fp8_state_is_refused_naming_it(
     )
     whole = tinyamp("train", "--resume", str(run / "checkpoint.npz"), "--steps", "6", "--extend", "--quiet")
     assert whole.returncode == 0, whole.stderr[-2000:]  # the file it was cut from resumes
+
+
+def test_an_mxfp8_checkpoint_whose_block_scales_were_rounded_otherwise_is_refused(tmp_path: Path) -> None:
+    """The recipe's block scales round up; a checkpoint that says floor (OCP's rule, which this recipe used until
+    2026-12-07) would go on with other scales than it started with."""
+    run, floor = tmp_path / "run", tmp_path / "floor.npz"
+    assert tinyamp("train", "--precision", "mxfp8", "--steps", "4", "--quiet", "--out", str(run)).returncode == 0
+    rewritten(run / "checkpoint.npz", floor, lambda document: document["extra"]["fp8"].update(rounding="floor"))
+    refused = tinyamp("train", "--resume", str(floor), "--steps", "6", "--extend", "--quiet")
+    assert (refused.returncode, refused.stdout) == (2, ""), refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert refused.stderr == (
+        f"tinyamp: error: --resume {floor}: the checkpoint's MXFP8 block scales were rounded 'floor', this recipe "
+        "rounds them 'up': resume it with the tinyamp version that made it\n"
+    )

@@ -41,7 +41,8 @@ def to_extra(casts: Fp8Casts) -> dict[str, Any]:
                                    dtype=t) for k, t in PER_TENSOR.items()}  # fmt: skip
             tensors[name] = {"pass": casts.scales.passes[name], "values": casts.sizes[name], "scale": tensor.scale,
                              "amax_history": tensor.amax_history.copy(), "casts": columns}  # fmt: skip
-    return {"recipe": casts.recipe, "tensors": tensors}
+    rounding = {"rounding": casts.ROUNDING} if isinstance(casts, BlockCasts) else {}  # of the block scales
+    return {"recipe": casts.recipe, "tensors": tensors, **rounding}
 
 
 def cast_tensors(casts: Fp8Casts, model: Module) -> tuple[list[str], list[str]]:
@@ -70,10 +71,17 @@ def load_extra(casts: Fp8Casts, saved: Any, path: str, model: Module | None = No
     def bad(what: str) -> ValueError:
         return ValueError(f"{path}: the checkpoint's FP8 state {what}; the file was edited or damaged")
 
-    if not isinstance(saved, dict) or set(saved) != {"recipe", "tensors"} or not isinstance(saved["tensors"], dict):
+    blocks = isinstance(casts, BlockCasts)
+    written = {"recipe", "tensors"}  # and "rounding" in MXFP8 checkpoints: how its block scales were rounded
+    if not isinstance(saved, dict) or not written <= set(saved) <= written | ({"rounding"} if blocks else set()) \
+            or not isinstance(saved["tensors"], dict):  # fmt: skip
         raise bad("is not the table of tensors tinyamp writes")
     if saved["recipe"] != casts.recipe:
         raise bad(f"is of the recipe {saved['recipe']!r}, not this run's {casts.recipe!r}")
+    rounding = saved.get("rounding", getattr(casts, "ROUNDING", None))  # older files do not say: taken as this one's
+    if blocks and rounding != casts.ROUNDING:  # the run would go on with other block scales than it began with
+        raise ValueError(f"{path}: the checkpoint's MXFP8 block scales were rounded {rounding!r}, this recipe rounds "
+                         f"them {casts.ROUNDING!r}: resume it with the tinyamp version that made it")
     if model is not None:
         required, optional = cast_tensors(casts, model)
         missing = [name for name in required if name not in saved["tensors"]]
@@ -83,7 +91,6 @@ def load_extra(casts: Fp8Casts, saved: Any, path: str, model: Module | None = No
         unknown = [name for name in saved["tensors"] if name not in {*required, *optional}]
         if unknown:
             raise bad(f"holds a tensor {unknown[0]!r} that no Linear layer of this model casts")
-    blocks = isinstance(casts, BlockCasts)
     fields = BLOCKS if blocks else PER_TENSOR
     keys = {"pass", "values", "casts"} | (set() if blocks else {"scale", "amax_history"})
     state: dict[str, Any] = {}
