@@ -5,6 +5,7 @@ nothing running, nothing written outside its copy, and nothing of its own execut
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -60,10 +61,10 @@ def alive(pid: int) -> bool:
 
 
 # As root, the grading command runs student code as nobody where nobody can read the installation, else as
-# user 0 without capabilities (tests/test_exercises_unprivileged.py); only where neither works does student code
-# keep root's rights.
+# user 0 without capabilities; and, for any user where the kernel allows it, with every file but its copy
+# read-only (tests/test_exercises_unprivileged.py).  Only where none of it works does root's code keep its rights.
 _plan = unprivileged.plan()
-student_code_is_root = unprivileged.is_root() and _plan.user is None and not _plan.capabilities
+student_code_is_root = unprivileged.is_root() and _plan.user is None and not _plan.sealed
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees and limits: Linux only")
 
@@ -183,3 +184,13 @@ with open(f'/proc/{os.getppid()}/fd/1', 'w') as out:
     done = check(solutions, "2.1")
     assert "forged" not in done.stdout
     assert "raised PermissionError" in row(done.stdout, "2.1"), done.stdout
+
+
+@pytest.mark.skipif(not _plan.sealed, reason="no mount namespace here: student code writes with the grader's rights")
+def test_student_code_cannot_change_the_real_workspace_by_its_path(solutions: Path) -> None:
+    target = solutions / PACKAGE / "formats.py"
+    before = target.read_text()
+    first_statement(solutions, "backward", "softmax_backward", f"open({str(target)!r}, 'w').write('')")
+    done = check(solutions, "2.1")
+    assert target.read_text() == before
+    assert re.search(r"raised (PermissionError|OSError): \[Errno (13|30)\]", row(done.stdout, "2.1")), done.stdout

@@ -112,45 +112,55 @@ def unreadable(folders: list[str], user: User) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """How the student's process gives root up: as `user`, else (`capabilities`) as user 0 without capabilities;
-    `line` is what the grading command prints about it ("" when it is not root)."""
+    """How the student's process is confined: as `user` (root's grading only), then, with `sealed`, every file but
+    its copy read-only and no capability left; `line` is what the grading command prints about it."""
 
     user: User | None = None
-    capabilities: bool = False
+    sealed: bool = False
     line: str = ""
 
     def apply(self, copy: str) -> None:
         """In the student's process, before any student code loads (and before its limits are set); `copy` is
-        the workspace's copy, the one folder it may write to as user 0 (its temporary files go there too)."""
+        the workspace's copy, the one folder it may write to (its temporary files go there too)."""
         if self.user is not None:
             become(self.user)
-        elif self.capabilities:
+        if self.sealed:
             read_only_except(copy)
             drop_capabilities()
             os.environ["TMPDIR"] = tempfile.tempdir = copy
 
 
+def _seal() -> None:
+    read_only_except(tempfile.gettempdir())
+    drop_capabilities()
+
+
 def plan() -> Plan:
-    """As root: become `nobody` where it can read the installation, else drop every capability; not root (or not
-    Linux): nothing to give up."""
-    if not is_root() or not hasattr(os, "setuid") or not sys.platform.startswith("linux"):
+    """As root: become `nobody` where it can read the installation, else stay user 0 without capabilities; then,
+    for any user, seal the files (``read_only_except``) where this kernel allows it (checked in a child)."""
+    if not hasattr(os, "setuid") or not sys.platform.startswith("linux"):
         return Plan()
+    if not is_root():
+        return Plan(sealed=_in_a_child(_seal))
     user = nobody()
     blocked = unreadable(needed_folders(), user)
     if not blocked:
-        return Plan(user, line=f"note: grading as root: student code runs as the user {user.name} (uid {user.uid}), "
-                               "which cannot raise its limits or open root's files")  # fmt: skip
+        sealed = _in_a_child(lambda: (become(user), _seal()))
+        files = "; every file but its copy is read-only to it" if sealed else ""
+        return Plan(user, sealed, f"note: grading as root: student code runs as the user {user.name} (uid "
+                                  f"{user.uid}), which cannot raise its limits or open root's files"
+                                  f"{files}")  # fmt: skip
     why = f"grading as root, and the user {user.name} cannot read {blocked}, so student code runs as root"
     fix = "grade as an unprivileged user, or install tinyamp where every user can read it"
-    if _in_a_child(lambda: (read_only_except(tempfile.gettempdir()), drop_capabilities())):
-        return Plan(capabilities=True, line=f"warning: {why} with no capability and every file but its copy "
-                                            "read-only: it cannot raise its limits or change a file, yet it may read "
-                                            f"what root may read and signal root's processes: {fix}")  # fmt: skip
+    if _in_a_child(_seal):
+        return Plan(sealed=True, line=f"warning: {why} with no capability and every file but its copy read-only: "
+                                      "it cannot raise its limits or change a file, yet it may read what root may "
+                                      f"read and signal root's processes: {fix}")  # fmt: skip
     return Plan(line=f"warning: {why} with root's rights, which no limit binds (it may raise its limits, open any "
                      f"file or process): {fix}")  # fmt: skip
 
 
-_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 24, 28, 38
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
 _SECBITS_LOCKED = 0b1111  # NOROOT and NO_SETUID_FIXUP, each locked: an exec as root grants nothing, ever
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522  # two 32-bit words per set: capabilities 0 to 63
 
@@ -161,7 +171,8 @@ def _call(result: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
-_CLONE_NEWNS, _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20000, 1, 32, 4096, 16384, 1 << 18
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x20000, 0x10000000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 _KEPT_FLAGS = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
 
 
@@ -179,9 +190,25 @@ def mount_points() -> list[tuple[str, int]]:
 
 
 def read_only_except(folder: str) -> None:
-    """In a mount namespace of this process's own: every mount read-only, but `folder`, bound onto itself."""
+    """In a mount namespace of this process's own: every mount read-only, but `folder`, bound onto itself.
+
+    Root makes the namespace itself; any other user first makes a user namespace, where it holds the capabilities
+    that mounting needs (and only there), with its own uid and gid mapped to themselves."""
     libc = ctypes.CDLL(None, use_errno=True)
-    _call(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    if os.geteuid() != 0:
+        uid, gid = os.geteuid(), os.getegid()
+        _call(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare(CLONE_NEWUSER | CLONE_NEWNS)")
+        # /proc/self is root's while the process is not dumpable (the grading command's children, or one that was
+        # root), so it is made dumpable for the three writes, before any student code exists to take advantage
+        _call(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
+        try:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:  # setgroups first: an unprivileged gid_map requires it
+                    f.write(text)
+        finally:
+            _call(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    else:
+        _call(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _call(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")  # nothing leaks out
     points = mount_points()  # before the bind below: that one stays writable
     target = os.fsencode(folder)
@@ -192,7 +219,8 @@ def read_only_except(folder: str) -> None:
 
 
 def drop_capabilities() -> None:
-    """Stay user 0, with no capability left and none to regain (OSError if the kernel refuses any step)."""
+    """Keep no capability and none to regain (OSError if the kernel refuses any step): user 0 keeps only its id;
+    in a user namespace, the process gives up what it held there."""
     libc = ctypes.CDLL(None, use_errno=True)
     call = _call
     call(libc.prctl(_PR_SET_SECUREBITS, _SECBITS_LOCKED, 0, 0, 0), "PR_SET_SECUREBITS")
