@@ -145,3 +145,28 @@ def test_a_helper_that_does_the_work_by_hand_passes(tmp_path: Path) -> None:
     workspace = with_body(tmp_path / "ws", "    from . import by_hand\n    return by_hand.round_to_float16(x)\n",
                           {f"{PACKAGE}/by_hand.py": helper})  # fmt: skip
     assert " passed " in graded_row(workspace, "1.1")
+
+
+@pytest.mark.cli
+def test_a_definition_that_is_not_in_the_file_is_refused_whatever_the_students_process_says(tmp_path: Path) -> None:
+    """The file has no round_to_float16: a module __getattr__ hands out tinyamp's, and inspect.getsourcefile is
+    patched so that the student's process says it was defined in formats.py.  The grader reads the file itself."""
+    write_workspace(tmp_path / "ws")
+    path = tmp_path / "ws" / PACKAGE / "formats.py"
+    source = path.read_text()
+    start = source.index("def round_to_float16(")
+    source = source[:start] + "def _unused(x):\n    pass" + source[source.index("\n\n\n", start):]
+    path.write_text(source + """
+
+import inspect as _inspect
+
+_real = _inspect.getsourcefile
+_inspect.getsourcefile = lambda obj: __file__ if getattr(obj, "__name__", "") == "round_to_float16" else _real(obj)
+
+
+def __getattr__(name):
+    from tinyamp import rounding
+    return getattr(rounding, name)
+""")
+    row = graded_row(tmp_path / "ws", "1.1")
+    assert " failed " in row and "myamp/formats.py has no round_to_float16: the grader looks for that name" in row, row

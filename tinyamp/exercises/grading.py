@@ -37,7 +37,15 @@ from typing import Any
 import numpy as np
 
 from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise
-from tinyamp.exercises.reach import WHOLE, reached, references, star_import, unreadable_module, workspace_sources
+from tinyamp.exercises.reach import (
+    WHOLE,
+    bound_names,
+    reached,
+    references,
+    star_import,
+    unreadable_module,
+    workspace_sources,
+)
 from tinyamp.exercises.source_checks import dynamic_access, float8_mention, float16_conversion, tinyamp_names_used
 from tinyamp.exercises.student_lines import _chain, _first_line, raised_at, student_line  # noqa: F401  (their home)
 
@@ -179,6 +187,8 @@ def check_source(exercise: Exercise, path: Path, source_file: Path | None, sourc
             f"{exercise.name} in {exercise.path} is not yours: it comes from {source_file}. Write it in "
             f"{exercise.path}; the grader grades the code there"
         )
+    if exercise.name not in bound_names(source):  # where the student's process said it was defined, read here
+        raise NotTheirs(f"{exercise.path} has no {exercise.name}: the grader looks for that name")
     module = f"{PACKAGE}.{exercise.module}"
     sources = {**(sources or {}), module: source}  # the graded file as the grader read it
     for where, name in reached(sources, module, exercise.name):
