@@ -142,8 +142,9 @@ for c in [o for o in gc.get_objects() if isinstance(o, Connection) and o.writabl
 
 
 def test_the_reference_solution_loaded_through_a_helper_module_fails(solutions: Path) -> None:
-    """The source checks read the graded file; what actually ran is checked too: a helper module that imports the
-    reference solution is caught by the modules the grading loaded."""
+    """A helper module that puts a checkout's tests/ on sys.path and imports the reference solution: refused before
+    the student's process runs anything (``reach``).  Past that check, the modules the grading loaded would still
+    name it (``remote.is_solution``, in the grader's last question)."""
     write_workspace(solutions.parent / "stubs")
     stubs = solutions.parent / "stubs"
     (stubs / PACKAGE / "helper.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
@@ -154,8 +155,8 @@ def test_the_reference_solution_loaded_through_a_helper_module_fails(solutions: 
                     .replace("    raise NotImplementedError", "    return helper.b.softmax_backward(y, g, axis)\n"
                              "    raise NotImplementedError", 1))  # fmt: skip
     done = check(stubs, "2.1")
-    assert ("your code loaded exercise_solutions.backward, tinyamp's reference solution: write it "
-            "yourself") in row(done.stdout, "2.1"), done.stdout  # fmt: skip
+    assert ("myamp/helper.py line 2: uses sys.path.insert, which loads or runs code the grader cannot read: the "
+            "grader cannot tell what such code changes") in row(done.stdout, "2.1"), done.stdout  # fmt: skip
 
 
 def test_a_module_linked_to_the_solutions_is_not_graded(solutions: Path) -> None:

@@ -109,8 +109,8 @@ ATTACKS = {
         "    import sys\n    sys.path.insert(0, '/tmp')\n"
         "    import tinyamp_evil_helper\n    return tinyamp_evil_helper.f(x)\n",
         {},
-        "round_to_float16 reaches sys.path.insert (line #): sys.path.insert loads or runs code the grader cannot "
-        "read; the grader reads every module your code reaches, so write it in the workspace's own files",
+        "myamp/formats.py line #: uses sys.path.insert, which loads or runs code the grader cannot read: the grader "
+        "cannot tell what such code changes, so it grades none of it",
     ),
     "a star import": (
         "    from .helper import impl\n    return impl(x)\n",
@@ -121,7 +121,7 @@ ATTACKS = {
     "pickle": (
         "    import pickle\n    return pickle.loads(b'ctinyamp.rounding\\nround_to_float16\\n.')(x)\n",
         {},
-        "round_to_float16 reaches pickle.loads (line #): pickle.loads loads or runs code the grader cannot read",
+        "myamp/formats.py line #: uses pickle.loads, which loads or runs code the grader cannot read",
     ),
 }
 
@@ -150,23 +150,54 @@ def test_a_helper_that_does_the_work_by_hand_passes(tmp_path: Path) -> None:
 @pytest.mark.cli
 def test_a_definition_that_is_not_in_the_file_is_refused_whatever_the_students_process_says(tmp_path: Path) -> None:
     """The file has no round_to_float16: a module __getattr__ hands out tinyamp's, and inspect.getsourcefile is
-    patched so that the student's process says it was defined in formats.py.  The grader reads the file itself."""
+    patched so that the student's process says it was defined in formats.py.  The command refuses the patch;
+    past that check (the grader reading the file without it), the grader still finds no such definition."""
+    from exercise_helpers import FAILED, grade_remote
+
+    from tinyamp.exercises.catalog import find
+
     write_workspace(tmp_path / "ws")
     path = tmp_path / "ws" / PACKAGE / "formats.py"
     source = path.read_text()
     start = source.index("def round_to_float16(")
     source = source[:start] + "def _unused(x):\n    pass" + source[source.index("\n\n\n", start):]
-    path.write_text(source + """
-
-import inspect as _inspect
-
-_real = _inspect.getsourcefile
-_inspect.getsourcefile = lambda obj: __file__ if getattr(obj, "__name__", "") == "round_to_float16" else _real(obj)
-
-
-def __getattr__(name):
-    from tinyamp import rounding
-    return getattr(rounding, name)
-""")
+    handed_out = "\n\ndef __getattr__(name):\n    from tinyamp import rounding\n    return rounding.round_to_float16\n"
+    patch = ("\n\nimport inspect as _inspect\n\n_real = _inspect.getsourcefile\n_inspect.getsourcefile = lambda obj: "
+             "__file__ if getattr(obj, '__name__', '') == 'round_to_float16' else _real(obj)\n")
+    path.write_text(source + handed_out + patch)
     row = graded_row(tmp_path / "ws", "1.1")
-    assert " failed " in row and "myamp/formats.py has no round_to_float16: the grader looks for that name" in row, row
+    assert " failed " in row and "changes inspect.getsourcefile, which it imported" in row, row
+    sources = {**workspace_sources(tmp_path / "ws"), f"{PACKAGE}.formats": source + handed_out}
+    result = grade_remote(find("1.1"), tmp_path / "ws", sources=sources)
+    assert result.status == FAILED and result.message.startswith(
+        "myamp/formats.py has no round_to_float16: the grader looks for that name"), result.message
+
+
+PASS_THROUGH = "\n    return segment(x)\n"  # right gradients, no memory saved: only the memory check can fail it
+MEMORY_PATCH = ("import tinyamp.exercises.graders.checkpointing as _grader\n"
+                "_grader.memory_held = lambda checkpoint_segment: 0  # the grader's measurement, made to say 0 bytes\n")
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize(("where", "sentence"), [
+    ("checkpointing.py", "myamp/checkpointing.py line # changes tinyamp.exercises.graders.checkpointing.memory_held, "
+                         "which it imported: the grader cannot tell what such code changes, so it grades none of it"),
+    ("__init__.py", "myamp/__init__.py line # changes tinyamp.exercises.graders.checkpointing.memory_held, which it "
+                    "imported"),
+])  # fmt: skip
+def test_a_patched_measurement_is_refused_in_the_file_or_in_the_package_that_loads_first(
+    tmp_path: Path, where: str, sentence: str
+) -> None:
+    """7.1's memory is measured in the student's process: a checkpoint that saves nothing passed once its file (or
+    myamp/__init__.py, which Python runs first) replaced the measurement."""
+    write_workspace(tmp_path / "ws", solutions=True)
+    path = tmp_path / "ws" / PACKAGE / "checkpointing.py"
+    source = path.read_text()
+    start = source.index("def checkpoint_segment(")
+    body = source.index('"""', source.index('"""', start) + 3) + 3
+    end = source.find("\n\n\n", body)
+    path.write_text(source[:body] + PASS_THROUGH + (source[end:] if end != -1 else ""))
+    target = tmp_path / "ws" / PACKAGE / where
+    target.write_text(target.read_text() + "\n\n" + MEMORY_PATCH)
+    row = graded_row(tmp_path / "ws", "7.1")
+    assert " failed " in row and re.search(re.escape(sentence).replace("\\#", r"\d+:"), row), row

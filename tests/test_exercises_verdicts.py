@@ -5,6 +5,7 @@ subprocess; each fails its exercise with one sentence, while the stubs beside it
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,15 @@ FAILS = {
     "5.3": f"sent the grader a reply of more than {remote.REPLY_LIMIT // 2**20} MiB (a result that large?)",
     "7.1": "sent the grader a reply that is not JSON",
 }  # fmt: skip
+# The files that change a module they imported are refused by the command before any grading (``reach.patching``):
+# these rows say so.  The verdicts above are then tested past that check, as if it had been fooled (below).
+REFUSED = {  # regular expressions
+    "1.1": r"myamp/formats\.py line \d+: changes tinyamp\.exercises\.grading\.FAILED, which it imported: the grader "
+           r"cannot tell what such code changes, so it grades none of it",
+    "9.1": r"myamp/data_parallel\.py line \d+: changes numpy\.isnan, which it imported",
+    "7.1": r"myamp/checkpointing\.py line \d+: changes tinyamp\.exercises\.remote\.Server\.send, which it imported",
+}  # fmt: skip
+REFUSED["1.2"] = REFUSED["1.3"] = REFUSED["1.1"]
 NOT_STARTED = ("2.2", "2.3", "4.2", "5.1", "5.2", "5.4", "6.1", "10.2", "10.3")
 
 
@@ -134,8 +144,42 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.parametrize("number", list(FAILS))
 def test_each_attack_fails_its_exercise_with_one_sentence(graded: str, number: str) -> None:
     line = row(graded, number)
-    assert " failed " in line and FAILS[number] in line, line
+    assert " failed " in line and re.search(REFUSED.get(number, re.escape(FAILS[number])), line), line
     assert line.count(". ") <= 1 and "Traceback" not in line, line  # one sentence, not a dump
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A workspace of stubs with every attack planted, and the stubs' own sources: what the grader's source
+    checks would read if an attack had got past them."""
+    from tinyamp.exercises.reach import workspace_sources
+
+    workspace = tmp_path_factory.mktemp("past") / "ws"
+    write_workspace(workspace)
+    clean = workspace_sources(workspace)
+    for module, code in ATTACKS.items():
+        path = workspace / PACKAGE / f"{module}.py"
+        path.write_text(path.read_text() + code)
+    return workspace, clean
+
+
+@pytest.mark.parametrize("number", list(REFUSED))
+def test_past_the_source_checks_the_grader_process_still_decides(attacked: tuple[Path, dict[str, str]],
+                                                                 number: str) -> None:  # fmt: skip
+    """The second line of defence: the student's process patched tinyamp, NumPy or its own server, the grader
+    (this process) read the untouched stubs; the verdict still comes from plain data checked here."""
+    from exercise_helpers import FAILED, grade_remote
+
+    from tinyamp.exercises.catalog import find
+    from tinyamp.exercises.remote import ChildLost
+
+    workspace, clean = attacked
+    try:
+        result = grade_remote(find(number), workspace, sources=clean)
+        status, message = result.status, result.message
+    except ChildLost as lost:  # the command's grader sends this sentence as the verdict (isolation._grader)
+        status, message = FAILED, lost.sentence
+    assert status == FAILED and FAILS[number] in message, message
 
 
 @pytest.mark.parametrize("number", NOT_STARTED)

@@ -19,7 +19,9 @@ no module the grader cannot read (outside the workspace as handed in, the standa
 ml_dtypes and tinyamp; ``pickle``, ``sys.path``), not tinyamp's own implementation of the
 mechanism (the exercise's ``forbidden`` names, followed through imports, aliases, ``importlib`` and
 ``__import__``) and, for exercises about rounding by hand, not NumPy's conversion to float16,
-however spelled.
+however spelled.  First of all, before the student's process is asked anything, no workspace file
+that runs on that import may change a module it imported (``np.isnan = ...``, a grader's function
+replaced) or use one that runs code given as data (``reach.patching``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from tinyamp.exercises.catalog import DEEP, PACKAGE, Exercise
 from tinyamp.exercises.reach import (
     WHOLE,
     bound_names,
+    file_of,
+    imported_on_load,
+    patching,
     reached,
     references,
     star_import,
@@ -160,6 +165,7 @@ def load_remote(exercise: Exercise, workspace: Path, student: Any, source: str |
     path = (workspace / exercise.path).resolve()
     if source is None:
         raise NotTheirs(f"{exercise.path} is missing from {workspace}: is it a workspace (tinyamp exercises init)?")
+    no_patching(exercise, source, sources)
     try:
         info = student.ask({"op": "load", "module": exercise.module, "name": exercise.name})
     except NotImplementedError:
@@ -173,6 +179,19 @@ def load_remote(exercise: Exercise, workspace: Path, student: Any, source: str |
     check_source(exercise, path, defined_in, source, sources)
     line = info.get("line")
     return Remote(student, 0, exercise.name), line if type(line) is int else 0
+
+
+def no_patching(exercise: Exercise, source: str, sources: dict[str, str] | None) -> None:
+    """NotTheirs if a workspace file that runs when the graded module is imported (``reach.imported_on_load``)
+    changes a module it imported or uses one that runs code given as data: checked before the student's process
+    is asked anything, since that import is what runs the change."""
+    module = f"{PACKAGE}.{exercise.module}"
+    sources = {**(sources or {}), module: source}
+    for loaded in imported_on_load(sources, module):  # what runs on import, reached or not
+        changes = patching(sources[loaded], loaded, sources)
+        if changes:
+            raise NotTheirs(f"{file_of(loaded, sources)} {changes}: the grader cannot tell what such "
+                            "code changes, so it grades none of it (leave the modules you import as they are)")
 
 
 def check_source(exercise: Exercise, path: Path, source_file: Path | None, source: str,
@@ -191,13 +210,18 @@ def check_source(exercise: Exercise, path: Path, source_file: Path | None, sourc
         raise NotTheirs(f"{exercise.path} has no {exercise.name}: the grader looks for that name")
     module = f"{PACKAGE}.{exercise.module}"
     sources = {**(sources or {}), module: source}  # the graded file as the grader read it
+    no_patching(exercise, source, sources)
     for where, name in reached(sources, module, exercise.name):
         text = sources.get(where)
         if text is None:
             continue
         who = exercise.name if (where, name) == (module, exercise.name) else (
-            f"{exercise.name}, through {where.replace('.', '/')}.py{f' ({name})' if name else ''},")
+            f"{exercise.name}, through {file_of(where, sources)}{f' ({name})' if name else ''},")
         try:
+            changes = patching(text, where, sources)
+            if changes:
+                raise NotTheirs(f"{file_of(where, sources)} {changes}: the grader cannot tell what such "
+                                "code changes, so it grades none of it (leave the modules you import as they are)")
             star = star_import(text)
             if star:
                 raise NotTheirs(f"{who} is in a file with a star import ({star}): the grader cannot tell which names "

@@ -12,6 +12,12 @@ and the workspace's own files; a module outside those is one the grader cannot r
 standard module that runs code given as data (``pickle``, ``marshal``, ``runpy``, ``ctypes``...):
 ``unreadable_module`` names the first such reference, and the grader refuses the code rather than
 guess what it does.
+
+Code at the top of a module runs on import, reached or not, so ``patching`` reads each of these files
+whole for what would change the grading from inside the student's process: an assignment to an
+attribute of an imported module (``np.isnan = ...``, a grader's function replaced), ``setattr`` or
+``delattr`` on one, a reference to the grading package itself (``tinyamp.exercises``), or a module
+that runs code given as data.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import ast
 import sys
 from pathlib import Path
 
-from tinyamp.exercises.source_checks import aliases, dotted, reachable
+from tinyamp.exercises.source_checks import DYNAMIC, aliases, dotted, reachable
 
 LIBRARIES = {"numpy", "ml_dtypes", "tinyamp"}  # the packages a solution may use besides the standard library
 CODE_AS_DATA = {
@@ -60,6 +66,12 @@ def workspace_sources(root: Path) -> dict[str, str]:
 def package_of(module: str, sources: dict[str, str]) -> str:
     """The package a relative import in `module` starts from: itself for a package (it has modules below it)."""
     return module if any(other.startswith(module + ".") for other in sources) else module.rpartition(".")[0]
+
+
+def file_of(module: str, sources: dict[str, str]) -> str:
+    """The workspace file of `module`: "myamp/helper.py", "myamp/__init__.py" for the package."""
+    path = module.replace(".", "/")
+    return f"{path}/__init__.py" if package_of(module, sources) == module else f"{path}.py"
 
 
 def imports(tree: ast.Module, package: str) -> dict[str, str]:
@@ -190,4 +202,67 @@ def reached(sources: dict[str, str], module: str, name: str) -> list[tuple[str, 
             target = in_workspace(full, sources)
             if target is not None:
                 queue.append(target)
+    return order
+
+
+GRADING = "tinyamp.exercises"  # student code has no business with the package that grades it
+
+
+def patching(text: str, module: str, sources: dict[str, str]) -> str:
+    """The first place the module `module` (its whole `text`) changes what it imported or reaches the grading
+    ("line 12: assigns np.isnan"), "" if none; ``patching`` of a file that does not parse is ""."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ""
+    imported = imports(tree, package_of(module, sources))
+    for node in ast.walk(tree):  # m = np: m names a module too (one level of aliasing is followed)
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            origin = dotted(node.value, imported) if _first_name(node.value) in imported else None
+            for t in node.targets:
+                if origin and isinstance(t, ast.Name):
+                    imported[t.id] = origin
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in DYNAMIC:
+            return f"line {node.lineno}: uses {node.id}(), which reaches any name"
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            targets = node.args[:1]
+        for target in [t for top in targets for t in ast.walk(top) if isinstance(t, (ast.Attribute, ast.Name))]:
+            base = target.value if isinstance(target, ast.Attribute) else target if isinstance(node, ast.Call) else None
+            full = dotted(base, imported) if base is not None and _first_name(base) in imported else None
+            if full and in_workspace(full, sources) is None:
+                return f"line {node.lineno}: changes {dotted(target, imported)}, which it imported"
+    for full, line in references(text, module, None, sources):
+        if full == GRADING or full.startswith(GRADING + "."):
+            return f"line {line}: uses {full}, the package that grades it"
+        if any(full == c or full.startswith(c + ".") for c in CODE_AS_DATA):
+            return f"line {line}: uses {full}, which loads or runs code the grader cannot read"
+    return ""
+
+
+def imported_on_load(sources: dict[str, str], module: str) -> list[str]:
+    """The workspace modules that may run when `module` is imported: it, the packages above it, and whatever
+    workspace module any import in them names, transitively (wherever in the file the import stands)."""
+    order: list[str] = []
+    queue = [module]
+    while queue:
+        current = queue.pop(0)
+        if current in order or current not in sources:
+            continue
+        order.append(current)
+        parts = current.split(".")
+        queue += [".".join(parts[:i]) for i in range(1, len(parts))]  # myamp/__init__.py runs before myamp.formats
+        try:
+            tree = ast.parse(sources[current])
+        except SyntaxError:
+            continue
+        for full in imports(tree, package_of(current, sources)).values():
+            target = in_workspace(full, sources)
+            if target is not None:
+                queue.append(target[0])
+                if target[1] is not None and f"{target[0]}.{target[1]}" in sources:  # from myamp import helper
+                    queue.append(f"{target[0]}.{target[1]}")
     return order
