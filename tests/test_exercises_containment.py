@@ -102,7 +102,10 @@ for _ in range(200):
     began = time.monotonic()
     done = check(solutions, "2.1", "2.2")
     assert time.monotonic() - began < 60
-    assert "started more than 64 processes at once (a fork bomb?)" in row(done.stdout, "2.1"), done.stdout
+    # the census's sentence; or, as a user RLIMIT_NPROC binds (nobody), os.fork's own error when the student's
+    # process ended first and its children, adopted by the grading command, were no longer below it to count
+    assert re.search(r"started more than 64 processes at once \(a fork bomb\?\)|raised BlockingIOError: \[Errno 11\]",
+                     row(done.stdout, "2.1")), done.stdout  # fmt: skip
     assert " passed " in row(done.stdout, "2.2")  # the next exercise is graded as usual
     started = [int(p) for p in channel.read().split()]
     assert len(started) > 64 and not any(alive(p) for p in started)
