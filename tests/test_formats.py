@@ -328,8 +328,9 @@ def weights_and_float32_updates_near_a_tie(draw: st.DrawFn) -> tuple[float, floa
 def test_two_roundings_differ_from_one_only_on_a_tie_and_keep_the_bounds(wu: tuple[float, float]) -> None:
     w, u = wu
     w16, u32 = f16(w), np.float32(u)
-    twice = update_is_lost(w, u)
-    assert twice == lost_updates(np.array([w16]), u32)[0]  # the one definition
+    with np.errstate(over="ignore"):  # near 65504 the sum may round to inf in float16: the weight moved, not lost
+        twice = update_is_lost(w, u)
+        assert twice == lost_updates(np.array([w16]), u32)[0]  # the one definition
     in_fp32 = np.float32(w16) + u32
     on_a_tie = abs(Fraction(float(in_fp32)) - Fraction(float(w16))) == Fraction(gap_toward(w16, u)) / 2
     if twice != lost_rounded_once(w16, float(u32)):
