@@ -28,7 +28,7 @@ pytestmark = [
 NOBODY = unprivileged.nobody()
 
 
-def in_a_child_as_nobody(probe: str, give_up: Callable[[], None] = lambda: unprivileged.become(NOBODY)
+def in_a_child(probe: str, give_up: Callable[[], None] = lambda: unprivileged.become(NOBODY)
                          ) -> tuple[int, str]:  # fmt: skip
     """Fork; the child gives root up (`give_up`: becomes nobody) and runs `probe` (Python source that may set
     `said`); return its exit status and what it said."""
@@ -52,15 +52,15 @@ def in_a_child_as_nobody(probe: str, give_up: Callable[[], None] = lambda: unpri
 
 
 def test_a_child_that_gave_root_up_cannot_take_it_back_nor_raise_a_limit() -> None:
-    code, said = in_a_child_as_nobody("import os\nos.setuid(0)")
+    code, said = in_a_child("import os\nos.setuid(0)")
     assert code == 1 and said.startswith("PermissionError"), said
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    code, said = in_a_child_as_nobody(
+    code, said = in_a_child(
         "import resource\nresource.setrlimit(resource.RLIMIT_AS, (1 << 32, 1 << 32))\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 32, 1 << 33))"
     )  # lowering the hard limit is allowed; raising it back is not
     assert code == 1 and said.startswith("ValueError"), said
-    code, said = in_a_child_as_nobody("import os\nsaid = (os.getuid(), os.geteuid(), os.getgid(), os.getgroups())")
+    code, said = in_a_child("import os\nsaid = (os.getuid(), os.geteuid(), os.getgid(), os.getgroups())")
     assert code == 0 and said == str((NOBODY.uid, NOBODY.uid, NOBODY.gid, [])), said
 
 
@@ -91,16 +91,16 @@ def test_the_copy_is_handed_over_and_the_folder_around_it_cannot_be_listed(tmp_p
 
 def test_without_capabilities_user_0_cannot_raise_a_limit_nor_regain_them_by_exec() -> None:
     drop = unprivileged.drop_capabilities
-    code, said = in_a_child_as_nobody("said = open('/proc/self/status').read()", drop)
+    code, said = in_a_child("said = open('/proc/self/status').read()", drop)
     assert code == 0 and "\nCapEff:\t0000000000000000\n" in said and "\nCapBnd:\t0000000000000000\n" in said, said
-    code, said = in_a_child_as_nobody(
+    code, said = in_a_child(
         "import resource\nresource.setrlimit(resource.RLIMIT_AS, (1 << 32, 1 << 32))\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 32, 1 << 33))", drop
     )
     assert code == 1 and said.startswith("ValueError"), said
-    code, said = in_a_child_as_nobody("import os\nos.setuid(12345)", drop)  # no CAP_SETUID: not even to another user
+    code, said = in_a_child("import os\nos.setuid(12345)", drop)  # no CAP_SETUID: not even to another user
     assert code == 1 and said.startswith("PermissionError"), said
-    code, said = in_a_child_as_nobody(  # a new program, run as user 0: the secure bits grant it nothing
+    code, said = in_a_child(  # a new program, run as user 0: the secure bits grant it nothing
         "import subprocess\nsaid = subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout",
         drop,
     )
@@ -112,7 +112,7 @@ def test_in_its_own_mount_namespace_every_file_but_one_folder_is_read_only(tmp_p
     mine.mkdir()
     elsewhere.write_text("kept")
     mounts = Path("/proc/self/mountinfo").read_text()
-    code, said = in_a_child_as_nobody(f"""import pathlib
+    code, said = in_a_child(f"""import pathlib
 pathlib.Path({str(mine / "new.txt")!r}).write_text("written")
 try:
     pathlib.Path({str(elsewhere)!r}).write_text("changed")

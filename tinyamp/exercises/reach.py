@@ -26,7 +26,7 @@ import ast
 import sys
 from pathlib import Path
 
-from tinyamp.exercises.source_checks import DYNAMIC, aliases, dotted, reachable
+from tinyamp.exercises.source_checks import DYNAMIC, _call_to, aliases, dotted, reachable
 
 LIBRARIES = {"numpy", "ml_dtypes", "tinyamp"}  # the packages a solution may use besides the standard library
 CODE_AS_DATA = {
@@ -112,8 +112,7 @@ def references(text: str, module: str, name: str | None, sources: dict[str, str]
 
 
 def _getattr_call(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and bool(
-        node.args)
+    return _call_to(node, "getattr") and bool(node.args)  # type: ignore[attr-defined]
 
 
 def _first_name(node: ast.AST) -> str | None:
