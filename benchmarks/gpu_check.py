@@ -23,6 +23,9 @@ FAILED in the table, and the run goes on):
 10. torch-tiny  PyTorch AMP's host time per step on the tiny MLP of section 6
 11. cli         tinyamp train and tinyamp demo with --device on the device, end to end
 12. tests       pytest -k cuda tests, in a subprocess with a timeout
+13. underflow   benchmarks/underflow_lm.py on the device: does loss scaling alone repair a word-level
+                model's underflow at 6,243 tokens of vocabulary and 16,384 tokens a batch? (last: the
+                longest, and a study rather than a check)
 
 Then one Markdown table and a JSON file of every number: $OUT/gpu_check.json when OUT
 is set, else benchmarks/results/gpu_check.json.  Exit status: 0 when every section
@@ -74,6 +77,7 @@ from gpu_profile import kernels  # noqa: E402
 from gpu_report import Section, markdown_table, write_json  # noqa: E402
 from gpu_sections import Config, Context, Skip, environment, gpu_tests, matmul  # noqa: E402
 from gpu_training import mlp, overhead, torch_amp, transformer, tutorial8  # noqa: E402
+from gpu_underflow import underflow  # noqa: E402
 
 import tinyamp as ta  # noqa: E402
 from tinyamp.backend import DeviceError, array_module  # noqa: E402
@@ -103,10 +107,11 @@ SECTIONS: list[tuple[str, Callable[[Context, Section], None], float]] = [
     ("torch-tiny", torch_tiny, 30),
     ("cli", cli, 150),
     ("tests", gpu_tests, 200),
+    ("underflow", underflow, 210),
 ]  # name, function, time limit in seconds (the whole run has its own limit too): tinyamp's numbers
 # first (the kernel tables import PyTorch but allocate nothing through it), then PyTorch's peers (their
-# allocator after CuPy's measurements), then the end-to-end commands and the test suite, which the
-# watchdog may cut
+# allocator after CuPy's measurements), then the end-to-end commands and the test suite, and last the
+# underflow study (the longest): the watchdog may cut the last ones
 
 
 class SectionTimeout(Exception):

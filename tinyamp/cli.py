@@ -375,6 +375,8 @@ def _check_batch_size(task: Any) -> None:
     """A batch is drawn from the training split: it cannot hold more examples than the split has."""
     if task.name == "mlp":
         available, what = len(task.data["y_train"]), "training images"
+    elif task.name == "wordlm":
+        available, what = len(task.dataset.train) - task.context, f"training runs of {task.context} tokens"
     else:
         available, what = len(task.dataset.train) - task.block_size, f"training windows of {task.block_size} chars"
     if task.batch_size > available:
@@ -563,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
     t = sub.add_parser("train", help="train one model in one precision", epilog=exit_status.EXPLAINED)
-    t.add_argument("--model", choices=MODELS, help="mlp (8x8 digits, default) or transformer (Python source)")
+    t.add_argument("--model", choices=MODELS,
+                   help="mlp (8x8 digits, default); transformer or wordlm (Python source: characters, words)")
     t.add_argument("--precision", choices=PRECISIONS, help="default mixed")
     t.add_argument(
         "--scaler",

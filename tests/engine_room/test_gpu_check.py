@@ -21,7 +21,7 @@ pytestmark = pytest.mark.engine_room
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SECTIONS = ("env", "matmul", "mlp", "transformer", "tutorial8", "overhead", "kernels", "torch-amp",
-            "torch-transformer", "torch-tiny", "cli", "tests")  # fmt: skip
+            "torch-transformer", "torch-tiny", "cli", "tests", "underflow")  # fmt: skip
 # the timings (seconds) each measuring section must report; the torch-* ones only where PyTorch is installed
 TIMINGS = {
     "matmul": ("tinyamp_fp16_s", "cublas_fp16_s", "fp32_s", "tf32_s"),

@@ -525,7 +525,7 @@ def write_figures(document: dict[str, Any], folder: Path) -> list[Path]:
     """
     paths = []
     for name, task in document["tasks"].items():
-        what = "digits MLP" if name == "mlp" else "char transformer"
+        what = {"mlp": "digits MLP", "transformer": "char transformer", "wordlm": "word-level model"}.get(name, name)
         for kind, fig in (
             ("loss", draw_loss_curves(task, f"{what}: training loss")),
             ("loss_scale", draw_loss_scale(task, f"{what}: loss scale")),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MODELS = ("mlp", "transformer")
+MODELS = ("mlp", "transformer", "wordlm")
 PRECISIONS = (
     *("fp32", "fp16", "fp16-scaled", "fp16-master", "mixed", "bf16", "bf16-mixed"),
     *("fp8", "fp8-current", "mxfp8"),

@@ -1,4 +1,4 @@
-"""The two tasks: an MLP on the 8x8 digits, and a character-level transformer on Python source.
+"""The tasks: an MLP on the 8x8 digits, a character-level transformer and a word-level model on Python source.
 
 A task knows its data, its model, its optimizer and how to score a model; it knows
 nothing about precision (that is the regime's business).  Every regime of a comparison
@@ -175,4 +175,56 @@ class CharTransformer:
         return {"val_loss": float(np.mean(losses))}
 
 
-TASKS = {"mlp": DigitsMLP, "transformer": CharTransformer}
+@dataclass
+class WordLM:
+    """A word-level language model on the same Python source: a large softmax, hence small gradients.
+
+    Defaults (see tinyamp/experiments/README.md for why): Bengio et al.'s (2003) model over
+    the 4,096 most frequent tokens, the 4 previous tokens as context, Adam at 3e-3 decaying
+    along a cosine, as the character transformer trains; a batch of 8,192 predicted tokens,
+    fewer than the 12 x 1,024 = 12,288 that nanoGPT's GPT-2 recipe gives each GPU's backward pass.
+    """
+
+    name: str = "wordlm"
+    vocab_size: int = 4096
+    context: int = 4
+    dim: int = 64
+    hidden: int = 256
+    batch_size: int = 8192
+    lr: float = 3e-3
+    schedule: str = "cosine"
+    device: str = "cpu"
+    seed: int = 0
+    eval_batches: int = 2
+    dataset: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        from tinyamp.data.words import WordDataset
+
+        self.dataset = WordDataset.from_stdlib(self.vocab_size)
+
+    def make_model(self) -> Module:
+        """A fresh float32 NeuralLanguageModel, initialized from ``seed``."""
+        ta.manual_seed(self.seed)
+        return nn.NeuralLanguageModel(self.vocab_size, self.context, self.dim, self.hidden).to(self.device)
+
+    def make_optimizer(self, params: Any) -> optim.Optimizer:
+        """Adam over `params`."""
+        return optim.Adam(params, lr=self.lr)
+
+    lr_at = CharTransformer.lr_at
+
+    def batches(self, start: int = 0, split: str = "train", seed: int | None = None) -> Iterator[Batch]:
+        """Random runs of ``split``; ``start`` skips the first batches (for a resumed run)."""
+        rng = np.random.default_rng(self.seed if seed is None else seed)
+        for _ in range(start):
+            self.dataset.batch(split, self.context, self.batch_size, rng)
+        while True:
+            x, y = self.dataset.batch(split, self.context, self.batch_size, rng)
+            yield ta.tensor(x, device=self.device), ta.tensor(y, device=self.device)
+
+    loss = CharTransformer.loss
+    evaluate = CharTransformer.evaluate
+
+
+TASKS = {"mlp": DigitsMLP, "transformer": CharTransformer, "wordlm": WordLM}

@@ -13,6 +13,7 @@ from tinyamp.nn.attention import CausalSelfAttention, causal_mask
 from tinyamp.nn.container import ModuleList, Sequential
 from tinyamp.nn.dropout import Dropout
 from tinyamp.nn.embedding import Embedding
+from tinyamp.nn.language_model import NeuralLanguageModel
 from tinyamp.nn.linear import Linear
 from tinyamp.nn.mlp import MLP
 from tinyamp.nn.module import LoadResult, Module, StateDictError
@@ -24,5 +25,5 @@ __all__ = [
     "Module", "Parameter", "StateDictError", "LoadResult", "init",
     "Linear", "LayerNorm", "Embedding", "Dropout", "ReLU", "GELU", "Tanh",
     "Sequential", "ModuleList", "MLP",
-    "CausalSelfAttention", "causal_mask", "TransformerBlock", "CharTransformer",
+    "CausalSelfAttention", "causal_mask", "TransformerBlock", "CharTransformer", "NeuralLanguageModel",
 ]  # fmt: skip
