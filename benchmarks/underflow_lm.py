@@ -57,7 +57,7 @@ def run_seed(seed: int, steps: int, **task: Any) -> dict[str, dict[str, Any]]:
             result, _ = run_regime(task, regime, steps, measure_every=max(1, steps // 6))
         entry = result.to_json()
         entry["train_loss_last10"] = float(np.mean(result.series["loss"][-10:]))
-        for key in ("series", "measured", "histogram"):
+        for key in ("measured", "histogram"):  # the per-step series stays: the figure draws its losses
             entry.pop(key)
         out[regime] = entry
     return out
@@ -91,6 +91,27 @@ def claims(by_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, bool]:
     }
 
 
+def draw(regimes: dict[str, dict[str, Any]], seed: int, sizes: dict[str, Any], path: Path) -> None:
+    """The training loss of the three regimes (experiments.figures' loss curves), each labelled with its
+    validation loss's gap to FP32's and its underflow@end."""
+    from tinyamp.experiments.figures import draw_loss_curves
+
+    fp32 = regimes["fp32"]["metrics"]["val_loss"]
+    title = (f"word-level model: {sizes['vocab_size']:,} tokens of vocabulary, {sizes['batch_size']:,} a batch, "
+             f"seed {seed}")  # fmt: skip
+    fig = draw_loss_curves({"regimes": regimes}, title)
+    ax = fig.axes[0]
+    for line in ax.get_lines():
+        name, _, rest = line.get_label().partition(" ")  # the figure may have added "(on top of ...)"
+        r = regimes.get(name)
+        if r is not None and r["underflow_fraction"] is not None:
+            gap, lost = r["metrics"]["val_loss"] - fp32, 100 * r["underflow_fraction"]
+            label = f"{name}: val loss {gap:+.3f} vs fp32's, {lost:.0f}% of gradient values 0 in FP16"
+            line.set_label(label + (f"\n{rest}" if rest else ""))
+    ax.legend(fontsize="x-small", loc="upper right")
+    fig.savefig(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="default 0 1 2")
@@ -100,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quick", action="store_true", help="2 steps a run: checks that it runs")
     parser.add_argument("--json", type=Path, help="also write the rows there")
+    parser.add_argument("--figure", type=Path, help="also draw the first seed's training losses there (PNG)")
     args = parser.parse_args(argv)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds must be whole numbers of 0 or more; got {args.seeds}")
@@ -126,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         document = {"steps": steps, "task": task, "claims": held,
                     "seconds": seconds, "seeds": {str(s): r for s, r in by_seed.items()}}  # fmt: skip
         args.json.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    if args.figure is not None:
+        draw(by_seed[args.seeds[0]], args.seeds[0], sizes, args.figure)
     return 0 if args.quick or all(held.values()) else 1
 
 

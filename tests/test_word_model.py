@@ -7,6 +7,7 @@ does what the study's text says, and that bad input gets a sentence.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,20 @@ def test_the_study_runs_and_checks_its_two_claims(tmp_path) -> None:
     assert list(held.values()) == [False, True]  # seed 1's fp16-master ended below FP32
     fake[1]["mixed"]["metrics"]["val_loss"] = 4.2
     assert list(study.claims(fake).values()) == [False, False]
+
+
+def test_the_study_writes_its_rows_and_its_figure(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("underflow_lm", SCRIPT)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    rows, figure = tmp_path / "rows.json", tmp_path / "loss.png"
+    args = ["--quick", "--seeds", "3", "--vocab-size", "64", "--batch-size", "64", "--json", str(rows)]
+    assert study.main([*args, "--figure", str(figure)]) == 0
+    doc = json.loads(rows.read_text())
+    assert doc["steps"] == 2 and doc["task"]["vocab_size"] == 64 and "seed" not in doc["task"]
+    assert list(doc["seeds"]["3"]) == ["fp32", "fp16-master", "mixed"]
+    assert len(doc["seeds"]["3"]["mixed"]["series"]["loss"]) == 2
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        study.main(["--batch-size", "0"])
