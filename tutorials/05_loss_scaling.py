@@ -676,8 +676,8 @@ assert abs(demo_runs["mixed"].metrics["train_loss"] / demo_runs["fp16-master"].m
 # 0 when $p_j \le N \cdot 2^{-25}$. With the digits' 10 classes a probability is rarely that
 # small. Over a word-level vocabulary of 4,096 tokens the share of a uniform guess, 1/4096, is
 # $2.4 \times 10^{-4}$, and at $N = 8192$ so is the bound $N \cdot 2^{-25}$. (nanoGPT's GPT-2
-# recipe gives each GPU's backward more tokens, 12 sequences of 1,024, and a vocabulary twelve
-# times larger, 50,257.) The model is `tinyamp train --model wordlm` (`experiments.tasks.WordLM`):
+# recipe gives each GPU's backward more tokens, 12 sequences of 1,024, and GPT-2's vocabulary
+# is twelve times larger, 50,257.) The model is `tinyamp train --model wordlm` (`experiments.tasks.WordLM`):
 # Bengio et al.'s (2003) next-token model, the four previous tokens' embeddings through a tanh
 # layer to 4,096 logits, on the Python-source corpus cut into words. Its first batch, in FP16
 # under `autocast`, and the gradient of the mean loss with respect to its logits as the FP16
