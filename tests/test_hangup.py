@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
 
 
+def hangup_as_a_terminal_delivers_it() -> None:
+    """In the child: SIGHUP's default action, whatever this test process inherited.  A suite run under
+    nohup ignores SIGHUP, every child would inherit that, and the run would rightly outlive it."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start(out: Path, ignore_hangup: bool = False) -> subprocess.Popen[str]:
     """A long `tinyamp train` saving a checkpoint every step; returns once its first checkpoint is written."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1")
@@ -31,7 +37,7 @@ def start(out: Path, ignore_hangup: bool = False) -> subprocess.Popen[str]:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           preexec_fn=nohup if ignore_hangup else None)  # fmt: skip
+                           preexec_fn=nohup if ignore_hangup else hangup_as_a_terminal_delivers_it)  # fmt: skip
     deadline = time.monotonic() + TIMEOUT_S
     while not (out / "tinyamp-run.json").exists():
         if job.poll() is not None or time.monotonic() > deadline:
@@ -83,7 +89,8 @@ def test_sighup_on_one_rank_stops_every_rank_after_the_same_step_with_a_checkpoi
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1")
     cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "tinyamp.distributed", "--model", "mlp", "--batch-size", "64",
            "--quiet", "--steps", "6", "--out", str(out), "--fault", "sighup@2:1"]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          preexec_fn=hangup_as_a_terminal_delivers_it)  # fmt: skip
     assert done.returncode == 129, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"stopped by SIGHUP at step 3 of 6 on every rank; wrote {out / 'checkpoint.npz'}" in done.stderr
     assert saved_step(out) == 3
