@@ -28,7 +28,7 @@
 # Prerequisites: tutorial 1 (sections 4 to 7: underflow, the ulp and lost additions, FP16 products)
 # and tutorial 2 (section 3, the dtype of a gradient).
 #
-# Time: about 17 s of CPU to run (five training runs of 1500 steps), 40 minutes to read
+# Time: about 11 s of CPU to run (five training runs of 1500 steps), 40 minutes to read
 # (a reader took 35 to 40).
 
 # %%

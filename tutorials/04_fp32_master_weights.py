@@ -24,7 +24,7 @@
 # Prerequisites: tutorial 1 (section 5, the ulp and the additions that are lost) and tutorial 3
 # (section 4, lost updates in training).
 #
-# Time: about 25 s of CPU to run (six training runs), 40 minutes to read
+# Time: about 13 s of CPU to run (six training runs), 40 minutes to read
 # (a reader took 35 to 40).
 
 # %%

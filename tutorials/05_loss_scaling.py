@@ -24,7 +24,7 @@
 # Prerequisites: tutorial 1 (section 4, underflow), tutorial 3 (section 3, gradients that underflow)
 # and tutorial 4 (`MasterWeights`, whose FP32 gradients the scaler unscales).
 #
-# Time: about 22 s of CPU to run (four of its training runs are the demo's), 45 minutes to read
+# Time: about 18 s of CPU to run (four of its training runs are the demo's), 45 minutes to read
 # (a reader took 40 to 45).
 
 # %%
