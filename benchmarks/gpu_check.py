@@ -24,7 +24,7 @@ FAILED in the table, and the run goes on):
 11. cli         tinyamp train and tinyamp demo with --device on the device, end to end
 12. tests       pytest -k cuda tests, in a subprocess with a timeout
 13. underflow   benchmarks/underflow_lm.py on the device: does loss scaling alone repair a word-level
-                model's underflow at 6,243 tokens of vocabulary and 16,384 tokens a batch? (last: the
+                model's underflow at the corpus's whole vocabulary and 16,384 tokens a batch? (last: the
                 longest, and a study rather than a check)
 
 Then one Markdown table and a JSON file of every number: $OUT/gpu_check.json when OUT

@@ -3,7 +3,7 @@
     python benchmarks/underflow_lm.py                 # seeds 0 1 2, 150 steps: about 32 minutes on 2 CPU cores
     python benchmarks/underflow_lm.py --seeds 0 --steps 300 --json benchmarks/results/underflow_lm.json
     python benchmarks/underflow_lm.py --quick         # 2 steps a run: checks that it runs
-    python benchmarks/underflow_lm.py --device cuda --vocab-size 6243 --batch-size 16384 --steps 200
+    python benchmarks/underflow_lm.py --device cuda --vocab-size all --batch-size 16384 --steps 200
                                                       # every token of the corpus, on a GPU (gpu_check's section)
 
 The model is ``tinyamp train --model wordlm`` (``experiments.tasks.WordLM``): Bengio et al.'s
@@ -113,11 +113,22 @@ def draw(regimes: dict[str, dict[str, Any]], seed: int, sizes: dict[str, Any], p
     fig.savefig(path)
 
 
+def vocabulary(text: str) -> int | None:
+    """``--vocab-size``: a whole number, or "all" (None: every distinct token)."""
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'all'; got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="default 0 1 2")
     parser.add_argument("--steps", type=int, default=150, help="steps a run (default 150)")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="tokens of the vocabulary (default 4096)")
+    parser.add_argument("--vocab-size", type=vocabulary, default=4096,
+                        help="tokens of the vocabulary (default 4096), or 'all': every token of the corpus")
     parser.add_argument("--batch-size", type=int, default=8192, help="predicted tokens a batch (default 8192)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quick", action="store_true", help="2 steps a run: checks that it runs")
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds must be whole numbers of 0 or more; got {args.seeds}")
-    for flag, value, least in (("--steps", args.steps, 1), ("--vocab-size", args.vocab_size, 2),
+    for flag, value, least in (("--steps", args.steps, 1), ("--vocab-size", args.vocab_size or 2, 2),
                                ("--batch-size", args.batch_size, 1)):  # fmt: skip
         if value < least:
             parser.error(f"{flag} must be at least {least}; got {value}")

@@ -66,6 +66,14 @@ def test_bad_vocabulary_size_is_refused(kwargs, words_in_error) -> None:
         WordDataset.from_stdlib(**kwargs)
 
 
+def test_the_whole_vocabulary_or_at_most_it() -> None:
+    every = WordDataset.from_stdlib(vocab_size=None)
+    assert every.unknown_share == 0.0 and len(set(every.itos)) == every.vocab_size
+    with pytest.raises(ValueError, match=rf"at most {every.vocab_size:,} ids with <unk>; pass at most that"):
+        WordDataset.from_stdlib(vocab_size=every.vocab_size + 1)
+    assert WordLM(vocab_size=None, batch_size=8).make_model().out.weight.shape == (every.vocab_size, 256)
+
+
 def test_bad_batch_requests_are_refused(words) -> None:
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="unknown split 'test'"):
@@ -179,5 +187,6 @@ def test_the_study_writes_its_rows_and_its_figure(tmp_path) -> None:
     assert list(doc["seeds"]["3"]) == ["fp32", "fp16-master", "mixed"]
     assert len(doc["seeds"]["3"]["mixed"]["series"]["loss"]) == 2
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(SystemExit):
-        study.main(["--batch-size", "0"])
+    for bad in (["--batch-size", "0"], ["--vocab-size", "most"]):
+        with pytest.raises(SystemExit):
+            study.main(bad)

@@ -46,12 +46,23 @@ class WordDataset:
     unknown_share: float  # of the corpus's tokens, the share outside the vocabulary (id 0)
 
     @classmethod
-    def from_stdlib(cls, vocab_size: int = 4096, val_fraction: float = 0.1) -> WordDataset:
-        """Every module of ``chars.CORPUS_MODULES`` (about 160,000 tokens), first 90% train, last 10% validation."""
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"vocab_size must be an integer >= 2 (<unk> and one token); got {vocab_size!r}")
+    def from_stdlib(cls, vocab_size: int | None = 4096, val_fraction: float = 0.1) -> WordDataset:
+        """Every module of ``chars.CORPUS_MODULES`` (about 160,000 tokens), first 90% train, last 10% validation.
+
+        ``vocab_size=None`` keeps every distinct token (6,242 with Python 3.11, so 6,243 ids with ``<unk>``,
+        which then never occurs); a larger number than that is refused, naming the largest.
+        """
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or vocab_size < 2):  # fmt: skip
+            raise ValueError(f"vocab_size must be an integer >= 2 (<unk> and one token) or None; got {vocab_size!r}")
         tokens = word_tokens(char_corpus(ALL_MODULES))
-        itos = [UNKNOWN] + [t for t, _ in Counter(tokens).most_common(vocab_size - 1)]
+        counts = Counter(tokens)
+        if vocab_size is not None and vocab_size > len(counts) + 1:
+            raise ValueError(
+                f"vocab_size={vocab_size} is more than this corpus holds: {len(counts):,} distinct tokens, so at most "
+                f"{len(counts) + 1:,} ids with <unk>; pass at most that, or None for every token"
+            )
+        itos = [UNKNOWN] + [t for t, _ in counts.most_common(None if vocab_size is None else vocab_size - 1)]
         stoi = {t: i for i, t in enumerate(itos)}
         ids = np.fromiter((stoi.get(t, 0) for t in tokens), dtype=np.int64, count=len(tokens))
         train, val = split_train_val(ids, val_fraction)

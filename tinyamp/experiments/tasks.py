@@ -186,7 +186,7 @@ class WordLM:
     """
 
     name: str = "wordlm"
-    vocab_size: int = 4096
+    vocab_size: int | None = 4096  # None: every distinct token of the corpus
     context: int = 4
     dim: int = 64
     hidden: int = 256
@@ -202,6 +202,7 @@ class WordLM:
         from tinyamp.data.words import WordDataset
 
         self.dataset = WordDataset.from_stdlib(self.vocab_size)
+        self.vocab_size = self.dataset.vocab_size
 
     def make_model(self) -> Module:
         """A fresh float32 NeuralLanguageModel, initialized from ``seed``."""
