@@ -1,9 +1,9 @@
 """The same Python-source corpus as ``chars``, cut into word tokens, for a word-level language model.
 
-A word-level vocabulary is what makes a language model's gradients small: the softmax spreads
+A word-level vocabulary makes a language model's logit gradients small: the softmax spreads
 its probability over every token of the vocabulary, and the gradient of a mean loss over
 $N$ tokens reaches a non-target logit as $p / N$ (tinyamp/experiments/README.md).  Characters
-give 96 symbols; words give thousands.
+give at most 96 symbols; words give thousands.
 
 Tokens: each maximal run of letters, digits and underscores (``\\w+``), each other visible
 character on its own, and each newline; spaces and tabs are dropped.  The vocabulary is
