@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds must be whole numbers of 0 or more; got {args.seeds}")
-    for flag, value, least in (("--steps", args.steps, 1), ("--vocab-size", args.vocab_size or 2, 2),
+    for flag, value, least in (("--steps", args.steps, 1), ("--vocab-size", args.vocab_size, 2),
                                ("--batch-size", args.batch_size, 1)):  # fmt: skip
-        if value < least:
+        if value is not None and value < least:  # --vocab-size all is None
             parser.error(f"{flag} must be at least {least}; got {value}")
     sizes = {"vocab_size": args.vocab_size, "batch_size": args.batch_size, "device": args.device}
     keep_freed_memory()

@@ -187,6 +187,6 @@ def test_the_study_writes_its_rows_and_its_figure(tmp_path) -> None:
     assert list(doc["seeds"]["3"]) == ["fp32", "fp16-master", "mixed"]
     assert len(doc["seeds"]["3"]["mixed"]["series"]["loss"]) == 2
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for bad in (["--batch-size", "0"], ["--vocab-size", "most"]):
+    for bad in (["--batch-size", "0"], ["--vocab-size", "most"], ["--vocab-size", "0"]):
         with pytest.raises(SystemExit):
             study.main(bad)
